@@ -1,0 +1,74 @@
+//! Flags shared by every subcommand that loads a model, turned into an `EngineConfig`.
+
+use std::path::PathBuf;
+
+use abserve_engine::plan::{Budget, KvType};
+use abserve_engine::EngineConfig;
+use clap::Args;
+
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file.
+    #[arg(long, env = "ABSERVE_MODEL", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Memory budget: bytes (`2GiB`, `512MB`) or a share of available memory (`50%`)
+    /// [default: 2GiB; with --device-memory: 100%].
+    #[arg(long, value_parser = parse_budget)]
+    pub memory_budget: Option<Budget>,
+    /// Share of the budget kept free, in percent.
+    #[arg(long, default_value_t = 10.0)]
+    pub margin: f64,
+    /// Per-sequence context in tokens (prompt + output).
+    #[arg(long, default_value_t = 2048)]
+    pub context: u64,
+    /// KV cache element type: f16 or q8_0.
+    #[arg(long, default_value = "f16")]
+    pub kv_type: KvType,
+    /// Most sequences in flight at once (llama.cpp's n_seq_max, at most 256).
+    #[arg(long, default_value_t = 64)]
+    pub max_sequences: u64,
+    /// Never allocate more KV cells than this, whatever the budget allows.
+    #[arg(long)]
+    pub kv_tokens: Option<u64>,
+    /// Prefill chunk size (tokens per engine step).
+    #[arg(long, default_value_t = 512)]
+    pub batch: u64,
+    /// CPU threads for llama.cpp (default: all cores).
+    #[arg(long)]
+    pub threads: Option<i32>,
+}
+
+pub fn parse_budget(s: &str) -> Result<Budget, String> {
+    s.parse()
+}
+
+impl ModelArgs {
+    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+        if !(0.0..90.0).contains(&self.margin) {
+            anyhow::bail!("--margin must be between 0 and 90 percent, got {}", self.margin);
+        }
+        if self.context < 16 {
+            anyhow::bail!("--context must be at least 16 tokens, got {}", self.context);
+        }
+        if !(1..=256).contains(&self.max_sequences) {
+            anyhow::bail!("--max-sequences must be between 1 and 256, got {}", self.max_sequences);
+        }
+        if !(32..=8192).contains(&self.batch) {
+            anyhow::bail!("--batch must be between 32 and 8192, got {}", self.batch);
+        }
+        let mut c = EngineConfig::new(&self.model);
+        c.budget = self.memory_budget.unwrap_or(Budget::Bytes(2 << 30));
+        c.margin = self.margin / 100.0;
+        c.context = self.context;
+        c.kv_type = self.kv_type;
+        c.max_sequences = self.max_sequences;
+        c.kv_tokens_cap = self.kv_tokens;
+        c.n_batch = self.batch;
+        if let Some(t) = self.threads {
+            c.threads = t.max(1);
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,219 @@
+//! `abserve generate`: runs every prompt at once on one in-process engine and prints each
+//! output with its token counts and timings, plus the memory plan and the measured peak RSS.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use abserve_engine::chat::ChatMessage;
+use abserve_engine::plan::{human_bytes, peak_rss};
+use abserve_engine::{Engine, Event, Request, SamplingParams};
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+
+use crate::args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A prompt (repeat the flag for several; they run concurrently).
+    #[arg(long = "prompt")]
+    pub prompts: Vec<String>,
+    /// JSONL file: one object per line with `prompt` (or `messages`) and sampling params.
+    #[arg(long = "prompts")]
+    pub prompts_file: Option<PathBuf>,
+    /// Wrap each --prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// One JSON object per output instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptLine {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(flatten)]
+    params: SamplingParams,
+}
+
+struct Job {
+    prompt_tokens: Vec<i32>,
+    params: SamplingParams,
+}
+
+fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
+    let base = SamplingParams {
+        temperature: a.temperature,
+        max_tokens: a.max_tokens,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    for p in &a.prompts {
+        let text = if a.chat {
+            engine.render_chat(&[ChatMessage::new("user", p)])?
+        } else {
+            p.clone()
+        };
+        jobs.push(Job { prompt_tokens: engine.tokenize(&text), params: base.clone() });
+    }
+    if let Some(f) = &a.prompts_file {
+        let file = std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
+        for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+            let line = line.with_context(|| format!("{}: cannot read line {}", f.display(), i + 1))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let mut v: serde_json::Value = serde_json::from_str(&line)
+                .with_context(|| format!("{} line {}: not JSON", f.display(), i + 1))?;
+            // fill unspecified sampling params from the command line
+            if let Some(o) = v.as_object_mut() {
+                o.entry("max_tokens").or_insert(a.max_tokens.into());
+                o.entry("temperature").or_insert(a.temperature.into());
+                if let Some(s) = a.seed {
+                    o.entry("seed").or_insert(s.into());
+                }
+            }
+            let pl: PromptLine = serde_json::from_value(v)
+                .with_context(|| format!("{} line {}", f.display(), i + 1))?;
+            let text = match (pl.prompt, pl.messages) {
+                (Some(p), None) => p,
+                (None, Some(m)) => engine.render_chat(&m)?,
+                _ => anyhow::bail!("{} line {}: give exactly one of prompt or messages", f.display(), i + 1),
+            };
+            jobs.push(Job { prompt_tokens: engine.tokenize(&text), params: pl.params });
+        }
+    }
+    if jobs.is_empty() {
+        anyhow::bail!("no prompts: pass --prompt TEXT or --prompts FILE");
+    }
+    Ok(jobs)
+}
+
+pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    let cfg = a.model.engine_config()?;
+    let engine = Engine::start(cfg)?;
+    let jobs = load_jobs(&a, &engine)?;
+    // validate everything before any work starts
+    let mut receivers = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let rx = engine
+            .submit(Request { prompt: j.prompt_tokens.clone(), params: j.params.clone(), group: None, priority: false })
+            .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?;
+        receivers.push(rx);
+    }
+    let started = Instant::now();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .map(|mut rx| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let mut tokens = Vec::new();
+                loop {
+                    match rx.blocking_recv() {
+                        Some(Event::Token { token, text: t, .. }) => {
+                            tokens.push(token);
+                            text.push_str(&t);
+                        }
+                        Some(Event::Done(c)) => {
+                            text.push_str(&c.tail_text);
+                            return Ok((text, tokens, c));
+                        }
+                        Some(Event::Error(e)) => return Err(e),
+                        Some(Event::Admitted { .. }) => {}
+                        None => return Err("engine stopped".to_string()),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    let mut total_tokens = 0usize;
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join().expect("collector thread") {
+            Ok((text, tokens, c)) => {
+                total_tokens += c.completion_tokens;
+                let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
+                let tps = if c.completion_tokens > 1 && gen_time > 0.0 {
+                    (c.completion_tokens - 1) as f64 / gen_time
+                } else {
+                    0.0
+                };
+                if a.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "index": i, "text": text, "tokens": tokens,
+                            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                            "finish_reason": c.finish_reason, "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
+                            "total_ms": c.total_time.as_secs_f64() * 1e3, "tokens_per_second": tps,
+                            "preemptions": c.preemptions, "shared_prompt_tokens": c.shared_prompt_tokens,
+                        })
+                    );
+                } else {
+                    println!(
+                        "--- [{}] prompt {} tok, output {} tok, ttft {:.0} ms, {:.1} tok/s, finish {}{}",
+                        i + 1,
+                        c.prompt_tokens,
+                        c.completion_tokens,
+                        c.time_to_first_token.as_secs_f64() * 1e3,
+                        tps,
+                        c.finish_reason.as_str(),
+                        if c.preemptions > 0 { format!(", preempted {}×", c.preemptions) } else { String::new() },
+                    );
+                    println!("{text}");
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("--- [{}] error: {e}", i + 1);
+            }
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let plan = engine.plan();
+    let stats = engine.stats();
+    let summary = format!(
+        "{} prompts, {} output tokens in {:.2} s ({:.1} tok/s aggregate); peak RSS {} vs planned {} (budget {}); KV peak {} of {} cells; preemptions {}",
+        jobs.len(),
+        total_tokens,
+        wall,
+        total_tokens as f64 / wall.max(1e-9),
+        human_bytes(peak_rss()),
+        human_bytes(plan.planned_bytes),
+        human_bytes(plan.budget_bytes),
+        stats.kv_tokens_peak,
+        stats.kv_tokens_total,
+        stats.preemptions,
+    );
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"summary": {
+                "plan": plan, "measured": engine.measured(), "peak_rss_bytes": peak_rss(),
+                "wall_seconds": wall, "stats": stats,
+            }})
+        );
+    } else {
+        for l in plan.summary_lines() {
+            println!("{l}");
+        }
+        println!("{summary}");
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} prompts failed", jobs.len());
+    }
+    Ok(())
+}

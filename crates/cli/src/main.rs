@@ -1,0 +1,41 @@
+//! The `abserve` command line: one binary, one subcommand per job.
+
+mod args;
+mod cmd_generate;
+mod cmd_plan;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "abserve", version, about = "Run many A/B prompt variants on one shared LLM, with memory planned before the first request")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the memory plan for a model (or hypothetical numbers) without loading weights.
+    Plan(cmd_plan::PlanArgs),
+    /// Run prompts concurrently on one shared model and print each output.
+    Generate(cmd_generate::GenerateArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ABSERVE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Plan(a) => cmd_plan::run(a),
+        Command::Generate(a) => cmd_generate::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}

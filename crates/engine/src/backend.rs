@@ -1,0 +1,236 @@
+//! The llama.cpp backend: loading a GGUF once, creating the one shared context, and the few
+//! calls the scheduler makes on it (decode a batch, read logits, drop or share a sequence's KV).
+//!
+//! Only the engine thread holds a [`Context`]; the [`Model`] (weights and vocabulary) is
+//! read-only and shared through an `Arc` so that request validation (tokenizing, chat
+//! templates) happens on the caller's thread without touching the context.
+
+use std::ffi::CStr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use llama_cpp_2::context::params::{LlamaContextParams, KvCacheType};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::plan::{KvType, MemoryPlan};
+
+static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+/// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
+static BUFFER_LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn log_callback(
+    level: llama_cpp_sys_2::ggml_log_level,
+    text: *const std::os::raw::c_char,
+    _user: *mut std::os::raw::c_void,
+) {
+    if text.is_null() {
+        return;
+    }
+    let s = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let line = s.trim_end();
+    if line.contains("buffer size") {
+        if let Ok(mut v) = BUFFER_LOG.lock() {
+            v.push(line.to_string());
+        }
+    }
+    // GGML_LOG_LEVEL_ERROR = 4, WARN = 3
+    match level {
+        4 => tracing::error!(target: "llama.cpp", "{line}"),
+        3 => tracing::warn!(target: "llama.cpp", "{line}"),
+        _ => tracing::trace!(target: "llama.cpp", "{line}"),
+    }
+}
+
+pub fn backend() -> &'static LlamaBackend {
+    BACKEND.get_or_init(|| {
+        unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
+        LlamaBackend::init().expect("llama.cpp backend initialises once")
+    })
+}
+
+/// Sizes llama.cpp reported for its buffers, in bytes: (kv, compute, output, model).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct LlamaBuffers {
+    pub model: u64,
+    pub kv: u64,
+    pub compute: u64,
+    pub output: u64,
+}
+
+fn parse_mib(line: &str) -> u64 {
+    // "...buffer size =   123.45 MiB"
+    line.rsplit('=')
+        .next()
+        .and_then(|r| r.trim().split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .map(|mib| (mib * 1024.0 * 1024.0) as u64)
+        .unwrap_or(0)
+}
+
+pub fn take_buffer_log() -> LlamaBuffers {
+    let lines = std::mem::take(&mut *BUFFER_LOG.lock().unwrap());
+    let mut b = LlamaBuffers::default();
+    for l in &lines {
+        let v = parse_mib(l);
+        if l.contains("KV buffer") {
+            b.kv += v;
+        } else if l.contains("compute buffer") {
+            b.compute += v;
+        } else if l.contains("output buffer") {
+            b.output += v;
+        } else if l.contains("model buffer") || l.contains("CPU_Mapped") {
+            b.model += v;
+        }
+    }
+    b
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("llama.cpp could not load model {0} (corrupt or unsupported GGUF)")]
+    Load(String),
+    #[error("llama.cpp could not create a context of {0} KV cells")]
+    Context(u64),
+}
+
+/// The shared, read-only model: weights, vocabulary, chat template.
+pub struct Model {
+    pub inner: LlamaModel,
+}
+
+impl Model {
+    pub fn load(path: &Path, use_mmap: bool) -> Result<Model, BackendError> {
+        let params = LlamaModelParams::default().with_use_mmap(use_mmap);
+        let inner = LlamaModel::load_from_file(backend(), path, &params)
+            .map_err(|_| BackendError::Load(path.display().to_string()))?;
+        Ok(Model { inner })
+    }
+
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
+        self.inner
+            .vocab()
+            .tokenize(text.as_bytes(), add_special, true)
+            .into_iter()
+            .map(|t| t.0)
+            .collect()
+    }
+
+    /// Bytes of one token as the model spells it (special tokens render as empty text).
+    pub fn piece(&self, token: i32) -> Vec<u8> {
+        self.inner.vocab().token_to_piece(LlamaToken(token), false, None)
+    }
+
+    pub fn is_eog(&self, token: i32) -> bool {
+        self.inner.vocab().is_eog(LlamaToken(token))
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.inner.n_vocab() as usize
+    }
+
+    pub fn token_text(&self, token: i32) -> String {
+        String::from_utf8_lossy(&self.piece(token)).into_owned()
+    }
+
+    pub fn bos_eos_text(&self) -> (String, String) {
+        let v = self.inner.vocab();
+        let t = |tok: LlamaToken| {
+            v.text(tok).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+        };
+        (t(v.bos()), t(v.eos()))
+    }
+}
+
+/// The one llama.cpp context; lives on the engine thread only.
+pub struct Context<'m> {
+    ctx: LlamaContext<'m>,
+    batch: LlamaBatch<'static>,
+    batch_cap: usize,
+}
+
+pub struct ContextConfig {
+    pub threads: i32,
+}
+
+impl<'m> Context<'m> {
+    pub fn new(model: &'m Model, plan: &MemoryPlan, cfg: &ContextConfig) -> Result<Self, BackendError> {
+        let kv_type = match plan.kv_type {
+            KvType::F16 => KvCacheType::F16,
+            KvType::Q8_0 => KvCacheType::Q8_0,
+        };
+        let n_batch = plan.n_batch as u32;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(plan.kv_tokens as u32))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(n_batch)
+            .with_n_seq_max(plan.seq_slots as u32)
+            .with_kv_unified(true)
+            .with_type_k(kv_type)
+            .with_type_v(kv_type)
+            .with_n_threads(cfg.threads)
+            .with_n_threads_batch(cfg.threads);
+        let ctx = model
+            .inner
+            .new_context(backend(), params)
+            .map_err(|_| BackendError::Context(plan.kv_tokens))?;
+        let batch_cap = n_batch as usize;
+        Ok(Context { ctx, batch: LlamaBatch::new(batch_cap, 1), batch_cap })
+    }
+
+    pub fn batch_capacity(&self) -> usize {
+        self.batch_cap
+    }
+
+    pub fn clear_batch(&mut self) {
+        self.batch.clear();
+    }
+
+    pub fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
+        self.batch
+            .add(LlamaToken(token), pos as i32, &[seq], logits)
+            .expect("scheduler never exceeds the batch capacity");
+    }
+
+    pub fn batch_len(&self) -> usize {
+        self.batch.n_tokens() as usize
+    }
+
+    /// Runs the batch. `Ok(false)` means llama.cpp found no KV slot (the caller frees cells
+    /// and retries); other failures are errors.
+    pub fn decode(&mut self) -> Result<bool, String> {
+        match self.ctx.decode(&mut self.batch) {
+            Ok(()) => Ok(true),
+            Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub fn logits(&self, batch_index: usize) -> &[f32] {
+        self.ctx.get_logits_ith(batch_index as i32)
+    }
+
+    /// Drops every KV cell of `seq` (cells shared with other sequences stay for them).
+    pub fn remove_seq(&mut self, seq: i32) {
+        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+    }
+
+    /// Lets `dst` use the cells of positions [0, len) of `src` without copying them
+    /// (unified KV cache: the cells get a second sequence id).
+    pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        let _ = self.ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
+    }
+
+    pub fn seq_pos_max(&self, seq: i32) -> i32 {
+        self.ctx.kv_cache_seq_pos_max(seq)
+    }
+
+    pub fn n_ctx(&self) -> u32 {
+        self.ctx.n_ctx()
+    }
+}

@@ -1,0 +1,356 @@
+//! The engine: plan memory, load the model once, and run the scheduler on one dedicated thread
+//! that alone owns the llama.cpp context. Everything else holds an [`Engine`] handle and talks
+//! to that thread through a channel (validation → queue → scheduler → backend).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use serde::Serialize;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::backend::{take_buffer_log, Context, ContextConfig, LlamaBuffers, Model};
+use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+use crate::gguf::{GgufError, GgufHeader, ModelShape};
+use crate::plan::{available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, PlanRequest};
+use crate::request::{Event, Request, SubmitError};
+use crate::scheduler::{Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    pub budget: Budget,
+    pub margin: f64,
+    /// Per-sequence context in tokens.
+    pub context: u64,
+    /// Prefill chunk / tokens per llama_decode.
+    pub n_batch: u64,
+    pub max_sequences: u64,
+    pub kv_type: KvType,
+    /// Cap on KV cells regardless of budget (tests keep the cache small with it).
+    pub kv_tokens_cap: Option<u64>,
+    pub threads: i32,
+    /// Waiting requests beyond which `submit` answers QueueFull.
+    pub max_waiting: usize,
+    pub use_mmap: bool,
+    pub admission_control: bool,
+    /// Memory the budget is a share of; `None` means this machine's available memory.
+    pub memory_total: Option<u64>,
+}
+
+impl EngineConfig {
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            model: model.into(),
+            budget: Budget::Bytes(2 << 30),
+            margin: 0.10,
+            context: 2048,
+            n_batch: 512,
+            max_sequences: 64,
+            kv_type: KvType::F16,
+            kv_tokens_cap: None,
+            threads: std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(2),
+            max_waiting: usize::MAX,
+            use_mmap: true,
+            admission_control: true,
+            memory_total: None,
+        }
+    }
+
+    /// Reads the header and makes the plan; loads nothing.
+    pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
+        let header = GgufHeader::read(&self.model)?;
+        let shape = ModelShape::from_header(&header)?;
+        let plan = MemoryPlan::new(&PlanRequest {
+            weights_bytes: header.weights_bytes(),
+            shape,
+            kv_type: self.kv_type,
+            memory_total: self.memory_total.unwrap_or_else(available_memory),
+            budget: self.budget,
+            margin: self.margin,
+            context: self.context,
+            n_batch: self.n_batch,
+            max_sequences: self.max_sequences,
+            kv_tokens_cap: self.kv_tokens_cap,
+        });
+        Ok((header, plan))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    DoesNotFit(#[from] DoesNotFit),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    #[error("engine thread failed to start: {0}")]
+    Thread(String),
+}
+
+/// What was really allocated, next to what was planned.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeasuredMemory {
+    pub rss_before_load: u64,
+    pub rss_after_load: u64,
+    pub rss_after_context: u64,
+    pub llama: LlamaBuffers,
+}
+
+enum Command {
+    Submit(Request, crate::request::EventSender),
+    Shutdown,
+}
+
+pub struct Engine {
+    tx: Sender<Command>,
+    model: Arc<Model>,
+    plan: MemoryPlan,
+    stats: Arc<EngineStats>,
+    chat: Result<ChatTemplate, ChatTemplateError>,
+    measured: MeasuredMemory,
+    max_waiting: usize,
+    thread: Option<JoinHandle<()>>,
+    model_path: PathBuf,
+}
+
+struct LlamaCompute<'m> {
+    model: &'m Model,
+    ctx: Context<'m>,
+}
+
+impl Compute for LlamaCompute<'_> {
+    fn batch_capacity(&self) -> usize {
+        self.ctx.batch_capacity()
+    }
+    fn clear_batch(&mut self) {
+        self.ctx.clear_batch()
+    }
+    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
+        self.ctx.add(token, pos, seq, logits)
+    }
+    fn decode(&mut self) -> Result<bool, String> {
+        self.ctx.decode()
+    }
+    fn logits(&self, batch_index: usize) -> &[f32] {
+        self.ctx.logits(batch_index)
+    }
+    fn remove_seq(&mut self, seq: i32) {
+        self.ctx.remove_seq(seq)
+    }
+    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        self.ctx.share_prefix(src, dst, len)
+    }
+    fn piece(&self, token: i32) -> Vec<u8> {
+        self.model.piece(token)
+    }
+    fn is_eog(&self, token: i32) -> bool {
+        self.model.is_eog(token)
+    }
+}
+
+impl Engine {
+    /// Plans, refuses if the model cannot fit, loads the weights once and starts the engine thread.
+    pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        Self::start_with_observer(cfg, None)
+    }
+
+    pub fn start_with_observer(cfg: EngineConfig, observer: Option<StepObserver>) -> Result<Engine, EngineError> {
+        let (header, plan) = cfg.plan()?;
+        plan.check_fits()?;
+        for line in plan.summary_lines() {
+            tracing::info!("{line}");
+        }
+        let rss_before_load = current_rss();
+        let model = Arc::new(Model::load(&cfg.model, cfg.use_mmap)?);
+        let rss_after_load = current_rss();
+        let (bos, eos) = model.bos_eos_text();
+        let chat = ChatTemplate::new(header.chat_template(), &bos, &eos);
+        let stats = Arc::new(EngineStats::default());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = {
+            let model = model.clone();
+            let plan = plan.clone();
+            let stats = stats.clone();
+            let threads = cfg.threads;
+            let mut sched_cfg = SchedulerConfig::new(plan.kv_tokens as usize, plan.seq_slots as usize, plan.context as usize);
+            sched_cfg.admission_control = cfg.admission_control;
+            std::thread::Builder::new()
+                .name("abserve-engine".into())
+                .spawn(move || {
+                    let ctx = match Context::new(&model, &plan, &ContextConfig { threads }) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
+                    let mut compute = LlamaCompute { model: &model, ctx };
+                    let mut sched = Scheduler::new(sched_cfg, stats);
+                    if let Some(o) = observer {
+                        sched.set_observer(o);
+                    }
+                    run_loop(&mut sched, &mut compute, rx);
+                })
+                .map_err(|e| EngineError::Thread(e.to_string()))?
+        };
+        let (rss_after_context, llama) = ready_rx
+            .recv()
+            .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
+        let measured = MeasuredMemory { rss_before_load, rss_after_load, rss_after_context, llama };
+        tracing::info!(
+            "memory measured: weights rss +{}, context rss +{}; llama.cpp buffers: kv {} (planned {}), compute+output {} (planned {})",
+            human_bytes(rss_after_load.saturating_sub(rss_before_load)),
+            human_bytes(rss_after_context.saturating_sub(rss_after_load)),
+            human_bytes(llama.kv),
+            human_bytes(plan.kv_bytes),
+            human_bytes(llama.compute + llama.output),
+            human_bytes(plan.compute_bytes),
+        );
+        Ok(Engine {
+            tx,
+            model,
+            plan,
+            stats,
+            chat,
+            measured,
+            max_waiting: cfg.max_waiting,
+            thread: Some(thread),
+            model_path: cfg.model,
+        })
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    pub fn measured(&self) -> &MeasuredMemory {
+        &self.measured
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn model_path(&self) -> &Path {
+        &self.model_path
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    pub fn stats_handle(&self) -> Arc<EngineStats> {
+        self.stats.clone()
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    pub fn tokenize(&self, text: &str) -> Vec<i32> {
+        self.model.tokenize(text, true)
+    }
+
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+        match &self.chat {
+            Ok(t) => t.render(messages, true),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    pub fn chat_template(&self) -> Result<&ChatTemplate, &ChatTemplateError> {
+        self.chat.as_ref()
+    }
+
+    /// Queues a request; events arrive on the returned channel. Dropping the receiver cancels
+    /// the request and frees its KV cells within one step.
+    pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let context = self.plan.context as usize;
+        if req.prompt.len() >= context {
+            return Err(SubmitError::PromptTooLong { prompt: req.prompt.len(), context });
+        }
+        req.params.validate().map_err(|(n, m)| SubmitError::Invalid(n, m))?;
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t < 0 || t as usize >= self.model.n_vocab()) {
+            return Err(SubmitError::Invalid("prompt", format!("token id {bad} is outside the vocabulary")));
+        }
+        if !req.priority {
+            let waiting = self.stats.waiting.load(std::sync::atomic::Ordering::Relaxed) as usize + self.tx.len();
+            if waiting >= self.max_waiting {
+                return Err(SubmitError::QueueFull(self.max_waiting));
+            }
+        }
+        let (etx, erx) = unbounded_channel();
+        self.tx.send(Command::Submit(req, etx)).map_err(|_| SubmitError::ShuttingDown)?;
+        Ok(erx)
+    }
+
+    /// Stops the engine thread after aborting whatever is still queued or running.
+    pub fn shutdown(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: Receiver<Command>) {
+    let handle = |sched: &mut Scheduler, cmd: Command| -> bool {
+        match cmd {
+            Command::Submit(req, tx) => {
+                sched.enqueue(req, tx);
+                true
+            }
+            Command::Shutdown => false,
+        }
+    };
+    loop {
+        if sched.is_idle() {
+            match rx.recv() {
+                Ok(cmd) => {
+                    if !handle(sched, cmd) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let mut stop = false;
+        while let Ok(cmd) = rx.try_recv() {
+            if !handle(sched, cmd) {
+                stop = true;
+                break;
+            }
+        }
+        if stop {
+            break;
+        }
+        if !sched.step(be) && !sched.is_idle() {
+            // nothing runnable yet (e.g. waiting on a shared prefix): wait briefly for input
+            match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok(cmd) => {
+                    if !handle(sched, cmd) {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+    sched.abort_all(be, "the engine is shutting down");
+}

@@ -1,0 +1,422 @@
+//! The memory plan: how much of a memory budget the weights, the KV cache and the compute
+//! buffers take, made from the GGUF header alone before anything is loaded.
+//!
+//! Everything that loads a model goes through [`MemoryPlan::new`]; the engine sizes its one KV
+//! cache from `kv_tokens` and the scheduler never admits more KV demand than that, which is
+//! what makes "out of memory" impossible by construction rather than by luck.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::gguf::ModelShape;
+
+/// Granularity llama.cpp pads the context (KV cells) to.
+pub const KV_PAD: u64 = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    #[default]
+    F16,
+    Q8_0,
+}
+
+impl KvType {
+    /// Bytes for `n` elements of this type (q8_0 packs 32 elements into 34 bytes).
+    pub fn bytes_for(self, n: u64) -> u64 {
+        match self {
+            KvType::F16 => n * 2,
+            KvType::Q8_0 => n.div_ceil(32) * 34,
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            other => Err(format!("unknown KV type '{other}' (expected f16 or q8_0)")),
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        })
+    }
+}
+
+/// A memory budget as the user wrote it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    Bytes(u64),
+    /// A fraction (0, 1] of the memory available to this process (or of `--device-memory`).
+    Fraction(f64),
+}
+
+impl std::str::FromStr for Budget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| format!("bad percentage '{s}'"))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(format!("percentage '{s}' must be in (0, 100]"));
+            }
+            return Ok(Budget::Fraction(v / 100.0));
+        }
+        parse_bytes(t).map(Budget::Bytes)
+    }
+}
+
+/// Parses `2GiB`, `512MB`, `1.5G`, `1000000` into bytes (K/M/G/T are powers of 1024 when
+/// written with `i`, of 1000 with a plain `B`; a bare suffix like `G` means GiB as in `ulimit`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.trim().replace('_', "").parse().map_err(|_| format!("bad size '{s}'"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024f64.powi(2),
+        "mb" => 1e6,
+        "g" | "gib" => 1024f64.powi(3),
+        "gb" => 1e9,
+        "t" | "tib" => 1024f64.powi(4),
+        "tb" => 1e12,
+        other => return Err(format!("unknown size unit '{other}' in '{s}'")),
+    };
+    if !(v >= 0.0) || !v.is_finite() {
+        return Err(format!("bad size '{s}'"));
+    }
+    Ok((v * mult) as u64)
+}
+
+pub fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1024f64.powi(3) {
+        format!("{:.1} GiB", b / 1024f64.powi(3))
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Memory this process may use on a CPU: the smaller of the cgroup limit and MemAvailable.
+pub fn available_memory() -> u64 {
+    let mem_available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(u64::MAX);
+    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    mem_available.min(cgroup)
+}
+
+/// Resident set size of this process, from /proc/self/statm.
+pub fn current_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+/// Peak resident set size of this process (VmHWM).
+pub fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub weights_bytes: u64,
+    pub shape: ModelShape,
+    pub kv_type: KvType,
+    /// The memory the budget is a share of (available memory, or a device's size).
+    pub memory_total: u64,
+    pub budget: Budget,
+    /// Fraction of the budget kept free (default 0.10).
+    pub margin: f64,
+    /// Per-sequence context (prompt + generated tokens).
+    pub context: u64,
+    /// Tokens one llama_decode processes at most (prefill chunk size).
+    pub n_batch: u64,
+    /// Upper bound on concurrent sequences (llama.cpp's n_seq_max).
+    pub max_sequences: u64,
+    /// Never allocate more KV than this many tokens even when the budget allows it
+    /// (`None`: max_sequences × context).
+    pub kv_tokens_cap: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    pub weights_bytes: u64,
+    pub kv_type: KvType,
+    pub kv_bytes_per_token: u64,
+    pub compute_bytes: u64,
+    pub budget_bytes: u64,
+    pub margin_bytes: u64,
+    pub usable_bytes: u64,
+    /// KV cells (tokens over all sequences) the cache is created with.
+    pub kv_tokens: u64,
+    pub kv_bytes: u64,
+    pub context: u64,
+    /// Concurrent sequences of `context` tokens each that fit in `kv_tokens`.
+    pub max_sequences: u64,
+    /// llama.cpp's n_seq_max: how many sequences may be live at once (shorter ones can
+    /// outnumber `max_sequences`; admission is by KV cells, not by count).
+    pub seq_slots: u64,
+    pub n_batch: u64,
+    /// weights + kv + compute.
+    pub planned_bytes: u64,
+    /// How many separate copies of the model (each with one sequence of `context`) fit in the
+    /// usable budget: the naive harness's question.
+    pub copies_that_fit: u64,
+    pub fits: bool,
+    pub shape: ModelShape,
+}
+
+/// Compute buffers as llama.cpp sizes them on CPU with flash attention: the graph's largest
+/// live activations for one micro-batch, dominated by the logits rows (n_batch × n_vocab f32)
+/// and the per-layer activations, plus the output buffer for one logits row per sequence
+/// and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
+pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_tokens: u64) -> u64 {
+    let logits_graph = n_batch * shape.n_vocab * 4;
+    let ff = 4 * shape.n_embd; // typical FFN width; activations are a handful of these rows
+    let activations = n_batch * (6 * shape.n_embd + 3 * ff) * 4;
+    // attention scores for one ubatch over the visible cells, per head, with flash attention
+    // tiled; a fraction of KQ remains as scratch.
+    let attn = n_batch * shape.n_head * 4 * kv_tokens.min(4096) / 8;
+    let outputs = seq_slots.max(1) * shape.n_vocab * 4;
+    let runtime = 48 << 20;
+    logits_graph + activations + attn + outputs + runtime
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "model does not fit the memory budget: weights {weights} + minimum KV {min_kv} ({context} tokens × {per_token} B) + compute {compute} = {need} > usable {usable} (budget {budget} minus {margin_pct}% margin {margin})"
+)]
+pub struct DoesNotFit {
+    pub weights: u64,
+    pub min_kv: u64,
+    pub context: u64,
+    pub per_token: u64,
+    pub compute: u64,
+    pub need: u64,
+    pub usable: u64,
+    pub budget: u64,
+    pub margin: u64,
+    pub margin_pct: f64,
+}
+
+impl MemoryPlan {
+    pub fn new(req: &PlanRequest) -> MemoryPlan {
+        let s = &req.shape;
+        let kv_bytes_per_token = req.kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
+            + req.kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v);
+        let budget_bytes = match req.budget {
+            Budget::Bytes(b) => b,
+            Budget::Fraction(f) => (req.memory_total as f64 * f) as u64,
+        };
+        let margin_bytes = (budget_bytes as f64 * req.margin.clamp(0.0, 0.9)) as u64;
+        let usable_bytes = budget_bytes - margin_bytes;
+        let seq_slots = req.max_sequences.clamp(1, 256);
+        let context = req.context.max(1);
+        let cap = req.kv_tokens_cap.unwrap_or(seq_slots * context);
+        // compute depends (weakly) on kv size; settle it in two passes.
+        let mut kv_tokens = cap;
+        let mut compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens);
+        for _ in 0..2 {
+            let room = usable_bytes.saturating_sub(req.weights_bytes + compute_bytes);
+            let fit = room / kv_bytes_per_token.max(1);
+            kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
+            compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens);
+        }
+        let kv_bytes = kv_tokens * kv_bytes_per_token;
+        let max_sequences = (kv_tokens / context).min(seq_slots);
+        let min_copy = req.weights_bytes
+            + compute_estimate(s, req.n_batch, 1, context)
+            + context * kv_bytes_per_token;
+        let copies_that_fit = usable_bytes / min_copy.max(1);
+        let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes;
+        MemoryPlan {
+            weights_bytes: req.weights_bytes,
+            kv_type: req.kv_type,
+            kv_bytes_per_token,
+            compute_bytes,
+            budget_bytes,
+            margin_bytes,
+            usable_bytes,
+            kv_tokens,
+            kv_bytes,
+            context,
+            max_sequences,
+            seq_slots,
+            n_batch: req.n_batch,
+            planned_bytes,
+            copies_that_fit,
+            fits: max_sequences >= 1 && planned_bytes <= usable_bytes,
+            shape: *s,
+        }
+    }
+
+    /// Err with every number when not even one sequence of `context` fits beside the weights.
+    pub fn check_fits(&self) -> Result<(), DoesNotFit> {
+        if self.fits {
+            return Ok(());
+        }
+        let min_kv = self.context * self.kv_bytes_per_token;
+        Err(DoesNotFit {
+            weights: self.weights_bytes,
+            min_kv,
+            context: self.context,
+            per_token: self.kv_bytes_per_token,
+            compute: self.compute_bytes,
+            need: self.weights_bytes + min_kv + self.compute_bytes,
+            usable: self.usable_bytes,
+            budget: self.budget_bytes,
+            margin: self.margin_bytes,
+            margin_pct: if self.budget_bytes > 0 {
+                (self.margin_bytes as f64 / self.budget_bytes as f64 * 100.0).round()
+            } else {
+                0.0
+            },
+        })
+    }
+
+    /// One line per component, as `abserve serve` logs it at start-up.
+    pub fn summary_lines(&self) -> Vec<String> {
+        vec![
+            format!(
+                "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, budget {} (margin {})",
+                human_bytes(self.weights_bytes),
+                human_bytes(self.kv_bytes),
+                self.kv_tokens,
+                self.kv_bytes_per_token,
+                self.kv_type,
+                human_bytes(self.compute_bytes),
+                human_bytes(self.budget_bytes),
+                human_bytes(self.margin_bytes),
+            ),
+            format!(
+                "capacity: {} concurrent sequences of {} tokens ({} sequence slots, prefill chunk {})",
+                self.max_sequences, self.context, self.seq_slots, self.n_batch
+            ),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> ModelShape {
+        ModelShape {
+            n_layer: 80,
+            n_head: 64,
+            n_head_kv: 8,
+            n_embd: 8192,
+            head_dim_k: 128,
+            head_dim_v: 128,
+            n_vocab: 128256,
+            n_ctx_train: 8192,
+        }
+    }
+
+    fn req(weights: u64, total: u64) -> PlanRequest {
+        PlanRequest {
+            weights_bytes: weights,
+            shape: shape(),
+            kv_type: KvType::F16,
+            memory_total: total,
+            budget: Budget::Fraction(1.0),
+            margin: 0.10,
+            context: 4096,
+            n_batch: 512,
+            max_sequences: 256,
+            kv_tokens_cap: None,
+        }
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512MB").unwrap(), 512_000_000);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
+        assert!(parse_bytes("12 furlongs").is_err());
+        assert!(parse_bytes("-5").is_err());
+        assert_eq!("50%".parse::<Budget>().unwrap(), Budget::Fraction(0.5));
+        assert!("0%".parse::<Budget>().is_err());
+        assert!("150%".parse::<Budget>().is_err());
+    }
+
+    #[test]
+    fn kv_formula() {
+        let p = MemoryPlan::new(&req(1 << 30, 96 << 30));
+        assert_eq!(p.kv_bytes_per_token, 2 * 80 * 8 * 128 * 2);
+        let mut r = req(1 << 30, 96 << 30);
+        r.kv_type = KvType::Q8_0;
+        assert_eq!(MemoryPlan::new(&r).kv_bytes_per_token, 2 * 80 * 8 * 128 / 32 * 34);
+    }
+
+    #[test]
+    fn problem_statement_one_copy_fits_two_do_not() {
+        let p = MemoryPlan::new(&req(82_208_358_400, 96 << 30));
+        assert!(p.fits);
+        assert_eq!(p.copies_that_fit, 1);
+        assert!(p.max_sequences >= 1);
+        // twice the weights cannot fit at all
+        let p2 = MemoryPlan::new(&req(2 * 82_208_358_400, 96 << 30));
+        assert!(!p2.fits);
+        assert!(p2.check_fits().is_err());
+    }
+
+    #[test]
+    fn kv_tokens_never_exceed_usable() {
+        for budget in [200u64 << 20, 1 << 30, 8 << 30] {
+            let mut r = req(100 << 20, budget);
+            r.shape.n_layer = 30;
+            r.shape.n_head_kv = 3;
+            r.shape.head_dim_k = 64;
+            r.shape.head_dim_v = 64;
+            r.shape.n_vocab = 49152;
+            r.shape.n_embd = 576;
+            r.shape.n_head = 9;
+            let p = MemoryPlan::new(&r);
+            if p.fits {
+                assert!(p.planned_bytes <= p.usable_bytes);
+                assert_eq!(p.kv_tokens % KV_PAD, 0);
+            }
+        }
+    }
+}

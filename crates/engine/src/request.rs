@@ -1,0 +1,77 @@
+//! What callers send to the engine and what comes back on each request's channel.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::sampler::{SamplingParams, TokenLogprob};
+
+/// One generation request, already tokenized and validated by the caller.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<i32>,
+    pub params: SamplingParams,
+    /// Fairness and quota group (an experiment); `None` for plain requests.
+    pub group: Option<String>,
+    /// Readiness probes: admitted before the queue, never beyond the memory plan.
+    pub priority: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// max_tokens or the per-sequence context was reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from another sequence (prefix sharing).
+    pub shared_prompt_tokens: usize,
+    pub preemptions: u32,
+    pub queue_time: Duration,
+    pub time_to_first_token: Duration,
+    pub total_time: Duration,
+    /// Text held back at the end (a partial stop string that never completed, a split character).
+    pub tail_text: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The sequence was admitted (left the queue).
+    Admitted { queue_time: Duration },
+    Token { token: i32, text: String, logprob: Option<TokenLogprob> },
+    Done(Completion),
+    Error(String),
+}
+
+pub type EventSender = UnboundedSender<Event>;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt has {prompt} tokens but one sequence's context is {context} tokens")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the waiting queue is full ({0} requests)")]
+    QueueFull(usize),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    #[error("invalid {0}: {1}")]
+    Invalid(&'static str, String),
+}
