@@ -34,6 +34,9 @@ pub struct GenerateArgs {
     pub temperature: f32,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Keep generating past end-of-generation tokens (benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// One JSON object per output instead of text.
     #[arg(long)]
     pub json: bool,
@@ -58,6 +61,7 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
         temperature: a.temperature,
         max_tokens: a.max_tokens,
         seed: a.seed,
+        ignore_eos: a.ignore_eos,
         ..Default::default()
     };
     let mut jobs = Vec::new();

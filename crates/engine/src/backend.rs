@@ -171,6 +171,8 @@ impl<'m> Context<'m> {
             .with_n_ubatch(n_batch)
             .with_n_seq_max(plan.seq_slots as u32)
             .with_kv_unified(true)
+            // as llama.cpp's server resolves "auto" on CPU; also required by a quantized V cache
+            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED)
             .with_type_k(kv_type)
             .with_type_v(kv_type)
             .with_n_threads(cfg.threads)

@@ -36,6 +36,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     pub use_mmap: bool,
     pub admission_control: bool,
+    /// Share the KV of common prompt prefixes between sequences.
+    pub prefix_sharing: bool,
     /// Memory the budget is a share of; `None` means this machine's available memory.
     pub memory_total: Option<u64>,
 }
@@ -55,6 +57,7 @@ impl EngineConfig {
             max_waiting: usize::MAX,
             use_mmap: true,
             admission_control: true,
+            prefix_sharing: true,
             memory_total: None,
         }
     }
@@ -179,6 +182,9 @@ impl Engine {
             let threads = cfg.threads;
             let mut sched_cfg = SchedulerConfig::new(plan.kv_tokens as usize, plan.seq_slots as usize, plan.context as usize);
             sched_cfg.admission_control = cfg.admission_control;
+            if !cfg.prefix_sharing {
+                sched_cfg.min_shared_prefix = usize::MAX;
+            }
             std::thread::Builder::new()
                 .name("abserve-engine".into())
                 .spawn(move || {

@@ -606,3 +606,7 @@ impl Scheduler {
         m
     }
 }
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;

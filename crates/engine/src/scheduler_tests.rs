@@ -1,0 +1,314 @@
+//! Scheduler tests on a fake model whose next token is a hash of every token the sequence has
+//! in the KV cache, so a wrong shared prefix or a wrong recompute changes the output.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::*;
+use crate::request::{Event, Request};
+use crate::sampler::SamplingParams;
+
+const VOCAB: usize = 100;
+const EOG: i32 = 1;
+
+struct FakeCell {
+    pos: usize,
+    token: i32,
+    seqs: BTreeSet<i32>,
+}
+
+struct Fake {
+    cap: usize,
+    cells: Vec<Option<FakeCell>>,
+    batch: Vec<(i32, usize, i32, bool)>,
+    logits: Vec<Vec<f32>>,
+    out_index: HashMap<usize, usize>,
+    no_slot: usize,
+    peak_used: usize,
+    /// Emit end-of-generation when the hash says so (off: sequences run to max_tokens).
+    eog: bool,
+}
+
+impl Fake {
+    fn new(cap: usize) -> Self {
+        Fake {
+            cap,
+            cells: (0..cap).map(|_| None).collect(),
+            batch: vec![],
+            logits: vec![],
+            out_index: HashMap::new(),
+            no_slot: 0,
+            peak_used: 0,
+            eog: false,
+        }
+    }
+    fn used(&self) -> usize {
+        self.cells.iter().filter(|c| c.is_some()).count()
+    }
+    fn history(&self, seq: i32, upto: usize) -> Vec<i32> {
+        let mut v: Vec<(usize, i32)> = self
+            .cells
+            .iter()
+            .flatten()
+            .filter(|c| c.seqs.contains(&seq) && c.pos <= upto)
+            .map(|c| (c.pos, c.token))
+            .collect();
+        v.sort();
+        assert!(v.iter().enumerate().all(|(i, (p, _))| *p == i), "seq {seq} has a hole in its KV");
+        v.into_iter().map(|x| x.1).collect()
+    }
+}
+
+fn next_token(history: &[i32], eog: bool) -> i32 {
+    let mut h: u64 = 1469598103934665603;
+    for &t in history {
+        h = (h ^ t as u64).wrapping_mul(1099511628211);
+    }
+    if eog && h % 17 == 0 {
+        EOG
+    } else {
+        2 + (h % (VOCAB as u64 - 2)) as i32
+    }
+}
+
+impl Compute for Fake {
+    fn batch_capacity(&self) -> usize {
+        32
+    }
+    fn clear_batch(&mut self) {
+        self.batch.clear();
+    }
+    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
+        self.batch.push((token, pos, seq, logits));
+    }
+    fn decode(&mut self) -> Result<bool, String> {
+        let free: Vec<usize> = (0..self.cap).filter(|&i| self.cells[i].is_none()).collect();
+        if free.len() < self.batch.len() {
+            self.no_slot += 1;
+            return Ok(false);
+        }
+        for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
+            self.cells[free[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+        }
+        self.peak_used = self.peak_used.max(self.used());
+        self.logits.clear();
+        self.out_index.clear();
+        for (bi, &(_, pos, seq, want)) in self.batch.iter().enumerate() {
+            if want {
+                let t = next_token(&self.history(seq, pos), self.eog);
+                let mut l = vec![0.0; VOCAB];
+                l[t as usize] = 10.0;
+                self.out_index.insert(bi, self.logits.len());
+                self.logits.push(l);
+            }
+        }
+        Ok(true)
+    }
+    fn logits(&self, batch_index: usize) -> &[f32] {
+        &self.logits[self.out_index[&batch_index]]
+    }
+    fn remove_seq(&mut self, seq: i32) {
+        for c in self.cells.iter_mut() {
+            if let Some(cell) = c {
+                cell.seqs.remove(&seq);
+                if cell.seqs.is_empty() {
+                    *c = None;
+                }
+            }
+        }
+    }
+    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        for cell in self.cells.iter_mut().flatten() {
+            if cell.seqs.contains(&src) && cell.pos < len {
+                cell.seqs.insert(dst);
+            }
+        }
+    }
+    fn piece(&self, token: i32) -> Vec<u8> {
+        format!("<{token}>").into_bytes()
+    }
+    fn is_eog(&self, token: i32) -> bool {
+        token == EOG
+    }
+}
+
+fn submit(s: &mut Scheduler, prompt: Vec<i32>, max_tokens: u32, group: &str) -> UnboundedReceiver<Event> {
+    let (tx, rx) = unbounded_channel();
+    s.enqueue(
+        Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false },
+        tx,
+    );
+    rx
+}
+
+fn drain(rx: &mut UnboundedReceiver<Event>) -> (Vec<i32>, Option<Completion>) {
+    let mut toks = vec![];
+    let mut done = None;
+    while let Ok(e) = rx.try_recv() {
+        match e {
+            Event::Token { token, .. } => toks.push(token),
+            Event::Done(c) => done = Some(c),
+            Event::Error(e) => panic!("unexpected error {e}"),
+            Event::Admitted { .. } => {}
+        }
+    }
+    (toks, done)
+}
+
+fn run(s: &mut Scheduler, f: &mut Fake) {
+    let mut guard = 0;
+    while !s.is_idle() {
+        s.step(f);
+        assert!(s.used_cells() <= s.cfg.kv_tokens, "accounting exceeded the cache");
+        assert_eq!(s.used_cells(), f.used(), "accounting disagrees with the cache");
+        guard += 1;
+        assert!(guard < 100_000, "scheduler did not finish");
+    }
+}
+
+fn sched(kv: usize, slots: usize, ctx: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig::new(kv, slots, ctx), Arc::new(EngineStats::default()))
+}
+
+fn prompt(seed: i32, len: usize) -> Vec<i32> {
+    (0..len as i32).map(|i| 2 + (seed * 31 + i * 7).rem_euclid(90)).collect()
+}
+
+fn solo(p: &[i32], max_tokens: u32) -> Vec<i32> {
+    let mut s = sched(4096, 4, 1024);
+    let mut f = Fake::new(4096);
+    let mut rx = submit(&mut s, p.to_vec(), max_tokens, "solo");
+    run(&mut s, &mut f);
+    drain(&mut rx).0
+}
+
+#[test]
+fn overload_preempts_and_preempted_sequences_equal_their_solo_runs() {
+    let kv = 96;
+    let mut s = sched(kv, 8, 64);
+    let mut f = Fake::new(kv);
+    let prompts: Vec<Vec<i32>> = (0..8).map(|i| prompt(i, 8 + i as usize)).collect();
+    // demand: 8 × (8..15 + 30) ≈ 380 cells, four times the cache
+    let mut rxs: Vec<_> = prompts.iter().map(|p| submit(&mut s, p.clone(), 30, "g")).collect();
+    run(&mut s, &mut f);
+    assert_eq!(f.no_slot, 0, "admission control must keep llama.cpp from running out of slots");
+    assert!(s.stats.preemptions.load(Ordering::Relaxed) > 0, "this load must preempt");
+    for (p, rx) in prompts.iter().zip(rxs.iter_mut()) {
+        let (toks, done) = drain(rx);
+        let done = done.expect("every sequence completes");
+        assert_eq!(toks, solo(p, 30), "crowded run differs from the solo run");
+        assert_eq!(done.completion_tokens, 30);
+    }
+    assert_eq!(s.used_cells(), 0);
+    assert_eq!(f.used(), 0);
+}
+
+#[test]
+fn shared_prefix_is_counted_once_and_gives_the_same_tokens() {
+    let base = prompt(3, 40);
+    let prompts: Vec<Vec<i32>> = (0..8)
+        .map(|i| {
+            let mut p = base.clone();
+            p.extend([2 + i, 3 + i]);
+            p
+        })
+        .collect();
+    let mut s = sched(4096, 8, 256);
+    let mut f = Fake::new(4096);
+    let mut rxs: Vec<_> = prompts.iter().map(|p| submit(&mut s, p.clone(), 4, "g")).collect();
+    run(&mut s, &mut f);
+    let unshared: usize = prompts.iter().map(|p| p.len() + 4).sum();
+    assert!(f.peak_used * 3 <= unshared, "peak {} cells vs {} unshared", f.peak_used, unshared);
+    assert!(s.stats.shared_prompt_tokens.load(Ordering::Relaxed) >= 7 * 40);
+    for (p, rx) in prompts.iter().zip(rxs.iter_mut()) {
+        assert_eq!(drain(rx).0, solo(p, 4));
+    }
+}
+
+#[test]
+fn cancellation_frees_cells_on_the_next_step() {
+    let mut s = sched(1024, 4, 512);
+    let mut f = Fake::new(1024);
+    let mut keep = submit(&mut s, prompt(1, 20), 100, "g");
+    let gone = submit(&mut s, prompt(2, 20), 100, "g");
+    for _ in 0..5 {
+        s.step(&mut f);
+    }
+    let owners = |f: &Fake| f.cells.iter().flatten().flat_map(|c| c.seqs.iter().copied()).collect::<BTreeSet<i32>>();
+    assert_eq!(owners(&f).len(), 2);
+    drop(gone);
+    s.step(&mut f);
+    // one step later only the kept sequence holds cells
+    assert_eq!(owners(&f).len(), 1);
+    assert_eq!(s.used_cells(), f.used());
+    assert_eq!(s.stats.cancellations.load(Ordering::Relaxed), 1);
+    drop(keep.try_recv());
+}
+
+#[test]
+fn admission_is_fair_between_variants_submitted_in_a_fixed_order() {
+    let mut first_a = 0;
+    let rounds = 200;
+    let mut s = sched(4096, 1, 512);
+    let mut f = Fake::new(4096);
+    for r in 0..rounds {
+        let mut a = submit(&mut s, prompt(r, 5), 1, "A");
+        let _b = submit(&mut s, prompt(r, 5), 1, "B");
+        s.step(&mut f);
+        // one slot: exactly one of the two finished in the first step
+        if drain(&mut a).1.is_some() {
+            first_a += 1;
+        }
+        run(&mut s, &mut f);
+    }
+    let share = first_a as f64 / rounds as f64;
+    assert!((0.4..=0.6).contains(&share), "variant A went first {share:.2} of the time");
+}
+
+#[test]
+fn without_admission_control_the_cache_runs_out() {
+    let kv = 48;
+    let mut cfg = SchedulerConfig::new(kv, 8, 64);
+    cfg.admission_control = false;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::new(kv);
+    let _rxs: Vec<_> = (0..8).map(|i| submit(&mut s, prompt(i, 10), 30, "g")).collect();
+    for _ in 0..200 {
+        s.step(&mut f);
+    }
+    assert!(f.no_slot > 0, "the fake cache should have refused a batch");
+}
+
+#[test]
+fn eog_stops_and_stop_strings_cut() {
+    let mut s = sched(4096, 4, 512);
+    let mut f = Fake::new(4096);
+    f.eog = true;
+    let mut rxs: Vec<_> = (0..20).map(|i| submit(&mut s, prompt(i, 6), 200, "g")).collect();
+    run(&mut s, &mut f);
+    let stopped = rxs
+        .iter_mut()
+        .filter(|rx| drain(rx).1.unwrap().finish_reason == FinishReason::Stop)
+        .count();
+    assert!(stopped > 0, "some sequences should hit the end-of-generation token");
+    // stop string on the fake's "<n>" pieces
+    let (tx, mut rx) = unbounded_channel();
+    let p = prompt(7, 6);
+    let first = solo(&p, 1)[0];
+    s.enqueue(
+        Request {
+            prompt: p,
+            params: SamplingParams { stop: vec![format!("<{first}>")], ..SamplingParams::greedy(50) },
+            group: None,
+            priority: false,
+        },
+        tx,
+    );
+    f.eog = false;
+    run(&mut s, &mut f);
+    let (toks, done) = drain(&mut rx);
+    assert_eq!(toks.len(), 1);
+    assert_eq!(done.unwrap().finish_reason, FinishReason::Stop);
+}

@@ -1,0 +1,62 @@
+//! Memory stays inside the plan under three times more KV demand than the cache holds:
+//! sequences wait or are preempted, none fails, and the process's peak RSS stays within the
+//! plan + 10%. Alone in its own test binary so that the RSS is this test's only.
+
+mod common;
+
+use abserve_engine::plan::peak_rss;
+use abserve_engine::{Engine, SamplingParams};
+
+#[test]
+fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_plan() {
+    let mut cfg = common::config();
+    cfg.context = 512;
+    let n = 32usize;
+    let max_tokens = 160u32;
+    // prompts of 20..~60 tokens + 160 generated ≈ 200 cells each → 32 × 200 ≈ 6400 demand
+    cfg.kv_tokens_cap = Some(2048);
+    let engine = Engine::start(cfg).unwrap();
+    let plan = engine.plan().clone();
+    assert_eq!(plan.kv_tokens, 2048);
+    let topics = ["the sea", "a mountain", "bread", "a robot", "the moon", "a library", "winter", "a violin"];
+    let prompts: Vec<Vec<i32>> = (0..n)
+        .map(|i| {
+            let extra = " Describe it in great detail, with colours, sounds and smells.".repeat(i % 4);
+            engine.tokenize(&format!("Tell me a long story about {} number {i}.{extra}", topics[i % topics.len()]))
+        })
+        .collect();
+    let demand: usize = prompts.iter().map(|p| p.len() + max_tokens as usize).sum();
+    assert!(demand >= 3 * plan.kv_tokens as usize, "demand {demand} must be 3× the {} cells", plan.kv_tokens);
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
+    let outs = common::run_all(&engine, &prompts, &params);
+    let stats = engine.stats();
+    assert!(outs.iter().all(|o| o.done.completion_tokens == max_tokens as usize));
+    assert!(stats.preemptions > 0, "this load must preempt some sequences");
+    assert!(outs.iter().any(|o| o.done.queue_time.as_millis() > 0 && o.done.preemptions == 0), "some must wait");
+    assert!(stats.kv_tokens_peak <= plan.kv_tokens, "KV use {} beyond the plan's {}", stats.kv_tokens_peak, plan.kv_tokens);
+    let peak = peak_rss();
+    eprintln!(
+        "peak RSS {} B vs planned {} B ({:.2}×); {} preemptions; KV peak {} of {}",
+        peak,
+        plan.planned_bytes,
+        peak as f64 / plan.planned_bytes as f64,
+        stats.preemptions,
+        stats.kv_tokens_peak,
+        plan.kv_tokens
+    );
+    assert!(peak as f64 <= plan.planned_bytes as f64 * 1.10, "peak RSS {peak} over plan {} + 10%", plan.planned_bytes);
+    // a preempted greedy sequence equals its uninterrupted run
+    let preempted: Vec<usize> = (0..n).filter(|&i| outs[i].done.preemptions > 0).take(3).collect();
+    assert!(!preempted.is_empty());
+    for i in preempted {
+        let solo = common::collect(engine.submit(abserve_engine::Request {
+            prompt: prompts[i].clone(),
+            params: params.clone(),
+            group: None,
+            priority: false,
+        }).unwrap()).unwrap();
+        let same = solo.tokens.iter().zip(&outs[i].tokens).take_while(|(a, b)| a == b).count();
+        eprintln!("preempted sequence {i}: {same}/{} tokens equal to its solo run", solo.tokens.len());
+        assert_eq!(solo.tokens, outs[i].tokens, "preempted sequence {i} differs from its solo run");
+    }
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Records greedy continuations from llama.cpp's own server loop (the prebuilt PyPI package
+`xllamacpp`) for the default model, batch 1, so that the engine's output can be compared token for
+token. Regenerate with:
+
+    .venv/bin/pip install xllamacpp==2026.10.11549
+    .venv/bin/python scripts/record_reference.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        > crates/engine/tests/fixtures/reference_greedy.json
+"""
+import json
+import sys
+
+import xllamacpp as xlc
+
+MAX_TOKENS = 32
+COMPLETIONS = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "In machine learning, overfitting means",
+]
+CHATS = [
+    [{"role": "user", "content": "What is the tallest mountain on Earth?"}],
+    [
+        {"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+]
+
+
+def tokens_of(resp):
+    return [c["id"] for c in resp["choices"][0]["logprobs"]["content"]]
+
+
+def main():
+    model = sys.argv[1]
+    p = xlc.CommonParams()
+    p.model.path = model
+    p.n_ctx = 2048
+    p.n_parallel = 1
+    p.cpuparams.n_threads = 2
+    p.cpuparams_batch.n_threads = 2
+    s = xlc.Server(p)
+    out = {"source": f"xllamacpp {xlc.__version__}", "max_tokens": MAX_TOKENS, "completions": [], "chats": []}
+    for prompt in COMPLETIONS:
+        r = s.handle_completions(
+            {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1, "cache_prompt": False}
+        )
+        out["completions"].append(
+            {
+                "prompt": prompt,
+                "prompt_tokens": r["usage"]["prompt_tokens"],
+                "tokens": tokens_of(r),
+                "text": r["choices"][0]["text"],
+            }
+        )
+    for messages in CHATS:
+        r = s.handle_chat_completions(
+            {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": True, "top_logprobs": 1, "cache_prompt": False}
+        )
+        out["chats"].append(
+            {
+                "messages": messages,
+                "prompt_tokens": r["usage"]["prompt_tokens"],
+                "tokens": tokens_of(r),
+                "text": r["choices"][0]["message"]["content"],
+            }
+        )
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what abserve needs on a fresh Debian machine that has Rust: the build tools for
+# llama.cpp (cmake, clang, libclang-dev) when missing, and the default model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null || need+=(libclang-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+bash scripts/get-model.sh
