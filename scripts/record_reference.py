@@ -42,6 +42,8 @@ def main():
     p.n_parallel = 1
     p.cpuparams.n_threads = 2
     p.cpuparams_batch.n_threads = 2
+    # abserve runs attention without flash attention by default (f32, batch-independent)
+    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
     s = xlc.Server(p)
     out = {"source": f"xllamacpp {xlc.__version__}", "max_tokens": MAX_TOKENS, "completions": [], "chats": []}
     for prompt in COMPLETIONS:

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo test --release --workspace 2>&1
+cargo test --release --workspace --no-fail-fast 2>&1

@@ -37,6 +37,9 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-generation tokens (benchmarks).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// With --json: the log-probability of each token and this many alternatives.
+    #[arg(long)]
+    pub logprobs: Option<u32>,
     /// One JSON object per output instead of text.
     #[arg(long)]
     pub json: bool,
@@ -62,6 +65,7 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
         max_tokens: a.max_tokens,
         seed: a.seed,
         ignore_eos: a.ignore_eos,
+        logprobs: a.logprobs,
         ..Default::default()
     };
     let mut jobs = Vec::new();
@@ -125,15 +129,17 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             std::thread::spawn(move || {
                 let mut text = String::new();
                 let mut tokens = Vec::new();
+                let mut logprobs = Vec::new();
                 loop {
                     match rx.blocking_recv() {
-                        Some(Event::Token { token, text: t, .. }) => {
+                        Some(Event::Token { token, text: t, logprob }) => {
                             tokens.push(token);
                             text.push_str(&t);
+                            logprobs.extend(logprob);
                         }
                         Some(Event::Done(c)) => {
                             text.push_str(&c.tail_text);
-                            return Ok((text, tokens, c));
+                            return Ok((text, tokens, logprobs, c));
                         }
                         Some(Event::Error(e)) => return Err(e),
                         Some(Event::Admitted { .. }) => {}
@@ -147,7 +153,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut total_tokens = 0usize;
     for (i, h) in handles.into_iter().enumerate() {
         match h.join().expect("collector thread") {
-            Ok((text, tokens, c)) => {
+            Ok((text, tokens, logprobs, c)) => {
                 total_tokens += c.completion_tokens;
                 let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
                 let tps = if c.completion_tokens > 1 && gen_time > 0.0 {
@@ -164,6 +170,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
                             "finish_reason": c.finish_reason, "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
                             "total_ms": c.total_time.as_secs_f64() * 1e3, "tokens_per_second": tps,
                             "preemptions": c.preemptions, "shared_prompt_tokens": c.shared_prompt_tokens,
+                            "logprobs": if logprobs.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&logprobs).unwrap() },
                         })
                     );
                 } else {

@@ -71,6 +71,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 n_batch: cfg.n_batch,
                 max_sequences: cfg.max_sequences,
                 kv_tokens_cap: cfg.kv_tokens_cap,
+                flash_attention: cfg.flash_attention,
             });
             (plan, "hypothetical".to_string())
         }

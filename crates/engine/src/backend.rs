@@ -156,6 +156,7 @@ pub struct Context<'m> {
 
 pub struct ContextConfig {
     pub threads: i32,
+    pub flash_attention: bool,
 }
 
 impl<'m> Context<'m> {
@@ -171,8 +172,11 @@ impl<'m> Context<'m> {
             .with_n_ubatch(n_batch)
             .with_n_seq_max(plan.seq_slots as u32)
             .with_kv_unified(true)
-            // as llama.cpp's server resolves "auto" on CPU; also required by a quantized V cache
-            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED)
+            .with_flash_attention_policy(if cfg.flash_attention {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED
+            } else {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED
+            })
             .with_type_k(kv_type)
             .with_type_v(kv_type)
             .with_n_threads(cfg.threads)

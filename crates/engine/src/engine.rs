@@ -38,6 +38,10 @@ pub struct EngineConfig {
     pub admission_control: bool,
     /// Share the KV of common prompt prefixes between sequences.
     pub prefix_sharing: bool,
+    /// llama.cpp's flash attention. Off by default: on CPU its single-row path accumulates in
+    /// f16, so results depend on how a batch is composed; without it attention is f32 and
+    /// greedy output equals llama.cpp's reference loop token for token.
+    pub flash_attention: bool,
     /// Memory the budget is a share of; `None` means this machine's available memory.
     pub memory_total: Option<u64>,
 }
@@ -58,6 +62,7 @@ impl EngineConfig {
             use_mmap: true,
             admission_control: true,
             prefix_sharing: true,
+            flash_attention: false,
             memory_total: None,
         }
     }
@@ -77,6 +82,7 @@ impl EngineConfig {
             n_batch: self.n_batch,
             max_sequences: self.max_sequences,
             kv_tokens_cap: self.kv_tokens_cap,
+            flash_attention: self.flash_attention,
         });
         Ok((header, plan))
     }
@@ -180,6 +186,7 @@ impl Engine {
             let plan = plan.clone();
             let stats = stats.clone();
             let threads = cfg.threads;
+            let flash_attention = cfg.flash_attention;
             let mut sched_cfg = SchedulerConfig::new(plan.kv_tokens as usize, plan.seq_slots as usize, plan.context as usize);
             sched_cfg.admission_control = cfg.admission_control;
             if !cfg.prefix_sharing {
@@ -188,7 +195,7 @@ impl Engine {
             std::thread::Builder::new()
                 .name("abserve-engine".into())
                 .spawn(move || {
-                    let ctx = match Context::new(&model, &plan, &ContextConfig { threads }) {
+                    let ctx = match Context::new(&model, &plan, &ContextConfig { threads, flash_attention }) {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));

@@ -175,6 +175,8 @@ pub struct PlanRequest {
     /// Never allocate more KV than this many tokens even when the budget allows it
     /// (`None`: max_sequences × context).
     pub kv_tokens_cap: Option<u64>,
+    /// llama.cpp flash attention (changes the size of the attention scratch).
+    pub flash_attention: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -196,6 +198,7 @@ pub struct MemoryPlan {
     /// outnumber `max_sequences`; admission is by KV cells, not by count).
     pub seq_slots: u64,
     pub n_batch: u64,
+    pub flash_attention: bool,
     /// weights + kv + compute.
     pub planned_bytes: u64,
     /// How many separate copies of the model (each with one sequence of `context`) fit in the
@@ -205,17 +208,20 @@ pub struct MemoryPlan {
     pub shape: ModelShape,
 }
 
-/// Compute buffers as llama.cpp sizes them on CPU with flash attention: the graph's largest
-/// live activations for one micro-batch, dominated by the logits rows (n_batch × n_vocab f32)
-/// and the per-layer activations, plus the output buffer for one logits row per sequence
-/// and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
-pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_tokens: u64) -> u64 {
+/// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
+/// micro-batch, dominated by the logits rows (n_batch × n_vocab f32) and the per-layer
+/// activations; the attention scores (without flash attention a full n_batch × kv_tokens × n_head
+/// f32 matrix, with it a small tiled scratch); the output buffer for one logits row per
+/// sequence; and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
+pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_tokens: u64, flash_attention: bool) -> u64 {
     let logits_graph = n_batch * shape.n_vocab * 4;
     let ff = 4 * shape.n_embd; // typical FFN width; activations are a handful of these rows
     let activations = n_batch * (6 * shape.n_embd + 3 * ff) * 4;
-    // attention scores for one ubatch over the visible cells, per head, with flash attention
-    // tiled; a fraction of KQ remains as scratch.
-    let attn = n_batch * shape.n_head * 4 * kv_tokens.min(4096) / 8;
+    let attn = if flash_attention {
+        n_batch * shape.n_head * 4 * kv_tokens.min(4096) / 8
+    } else {
+        n_batch * shape.n_head * 4 * kv_tokens
+    };
     let outputs = seq_slots.max(1) * shape.n_vocab * 4;
     let runtime = 48 << 20;
     logits_graph + activations + attn + outputs + runtime
@@ -253,18 +259,23 @@ impl MemoryPlan {
         let context = req.context.max(1);
         let cap = req.kv_tokens_cap.unwrap_or(seq_slots * context);
         // compute depends (weakly) on kv size; settle it in two passes.
-        let mut kv_tokens = cap;
-        let mut compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens);
-        for _ in 0..2 {
-            let room = usable_bytes.saturating_sub(req.weights_bytes + compute_bytes);
-            let fit = room / kv_bytes_per_token.max(1);
-            kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
-            compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens);
+        // compute grows with the KV size (attention scores): solve
+        // weights + compute(kv) + kv × per_token <= usable for the largest kv
+        let fixed = compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention);
+        let per_cell_compute = compute_estimate(s, req.n_batch, seq_slots, 1, req.flash_attention) - fixed;
+        let room = usable_bytes.saturating_sub(req.weights_bytes + fixed);
+        let mut fit = room / (kv_bytes_per_token + per_cell_compute).max(1);
+        if req.flash_attention {
+            // the flash-attention scratch stops growing at 4096 cells
+            let room2 = usable_bytes.saturating_sub(req.weights_bytes + compute_estimate(s, req.n_batch, seq_slots, 4096, true));
+            fit = fit.max(room2 / kv_bytes_per_token.max(1));
         }
+        let kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
+        let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens, req.flash_attention);
         let kv_bytes = kv_tokens * kv_bytes_per_token;
         let max_sequences = (kv_tokens / context).min(seq_slots);
         let min_copy = req.weights_bytes
-            + compute_estimate(s, req.n_batch, 1, context)
+            + compute_estimate(s, req.n_batch, 1, context, req.flash_attention)
             + context * kv_bytes_per_token;
         let copies_that_fit = usable_bytes / min_copy.max(1);
         let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes;
@@ -282,6 +293,7 @@ impl MemoryPlan {
             max_sequences,
             seq_slots,
             n_batch: req.n_batch,
+            flash_attention: req.flash_attention,
             planned_bytes,
             copies_that_fit,
             fits: max_sequences >= 1 && planned_bytes <= usable_bytes,
@@ -364,6 +376,7 @@ mod tests {
             n_batch: 512,
             max_sequences: 256,
             kv_tokens_cap: None,
+            flash_attention: false,
         }
     }
 
@@ -413,6 +426,13 @@ mod tests {
             r.shape.n_embd = 576;
             r.shape.n_head = 9;
             let p = MemoryPlan::new(&r);
+            for fa in [false, true] {
+                r.flash_attention = fa;
+                let p = MemoryPlan::new(&r);
+                if p.fits {
+                    assert!(p.planned_bytes <= p.usable_bytes, "{p:?}");
+                }
+            }
             if p.fits {
                 assert!(p.planned_bytes <= p.usable_bytes);
                 assert_eq!(p.kv_tokens % KV_PAD, 0);

@@ -290,7 +290,8 @@ fn eog_stops_and_stop_strings_cut() {
     run(&mut s, &mut f);
     let stopped = rxs
         .iter_mut()
-        .filter(|rx| drain(rx).1.unwrap().finish_reason == FinishReason::Stop)
+        .map(|rx| drain(rx).1.unwrap().finish_reason)
+        .filter(|r| *r == FinishReason::Stop)
         .count();
     assert!(stopped > 0, "some sequences should hit the end-of-generation token");
     // stop string on the fake's "<n>" pieces
