@@ -60,7 +60,7 @@ def peer_server(n_parallel, threads, ctx):
     p.n_ctx = ctx * n_parallel
     p.cpuparams.n_threads = threads
     p.cpuparams_batch.n_threads = threads
-    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
     return xlc.Server(p)
 
 

@@ -35,10 +35,10 @@ pub struct ModelArgs {
     /// Prefill chunk size (tokens per engine step).
     #[arg(long, default_value_t = 512)]
     pub batch: u64,
-    /// Use llama.cpp's flash attention (smaller compute buffers; on CPU its results depend
-    /// slightly on batch composition).
-    #[arg(long)]
-    pub flash_attn: bool,
+    /// llama.cpp's flash attention: on (default) or off. Off makes the compute buffer grow
+    /// with the KV cache.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub flash_attn: String,
     /// CPU threads for llama.cpp (default: all cores).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -70,7 +70,7 @@ impl ModelArgs {
         c.max_sequences = self.max_sequences;
         c.kv_tokens_cap = self.kv_tokens;
         c.n_batch = self.batch;
-        c.flash_attention = self.flash_attn;
+        c.flash_attention = self.flash_attn == "on";
         if let Some(t) = self.threads {
             c.threads = t.max(1);
         }

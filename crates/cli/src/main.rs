@@ -3,6 +3,7 @@
 mod args;
 mod cmd_generate;
 mod cmd_plan;
+mod cmd_serve;
 
 use clap::{Parser, Subcommand};
 
@@ -19,20 +20,24 @@ enum Command {
     Plan(cmd_plan::PlanArgs),
     /// Run prompts concurrently on one shared model and print each output.
     Generate(cmd_generate::GenerateArgs),
+    /// OpenAI-compatible HTTP server over one shared model.
+    Serve(cmd_serve::ServeArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ABSERVE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
         Command::Plan(a) => cmd_plan::run(a),
         Command::Generate(a) => cmd_generate::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

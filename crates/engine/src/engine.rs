@@ -38,9 +38,9 @@ pub struct EngineConfig {
     pub admission_control: bool,
     /// Share the KV of common prompt prefixes between sequences.
     pub prefix_sharing: bool,
-    /// llama.cpp's flash attention. Off by default: on CPU its single-row path accumulates in
-    /// f16, so results depend on how a batch is composed; without it attention is f32 and
-    /// greedy output equals llama.cpp's reference loop token for token.
+    /// llama.cpp's flash attention (on by default, as llama.cpp's server resolves "auto" on a
+    /// CPU). Without it the compute buffer grows with the KV cache (a full attention-score
+    /// matrix per micro-batch).
     pub flash_attention: bool,
     /// Memory the budget is a share of; `None` means this machine's available memory.
     pub memory_total: Option<u64>,
@@ -62,7 +62,7 @@ impl EngineConfig {
             use_mmap: true,
             admission_control: true,
             prefix_sharing: true,
-            flash_attention: false,
+            flash_attention: true,
             memory_total: None,
         }
     }

@@ -1,0 +1,89 @@
+//! `abserve serve`: the OpenAI-compatible HTTP server over one shared engine.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use abserve_engine::Engine;
+use abserve_server::metrics::Metrics;
+use abserve_server::{AppState, ServerConfig};
+use clap::Args;
+
+use crate::args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to bind (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests allowed to wait for admission; beyond it: 429 [default: 2 × sequence slots].
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Seconds a request may wait for admission before a 429.
+    #[arg(long, default_value_t = 30.0)]
+    pub queue_timeout: f64,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long, env = "ABSERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Name clients use in `model` [default: the GGUF file name without extension].
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub body_limit: usize,
+    /// Longest prompt in tokens [default: context − 1].
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+    /// Seconds running requests get to finish after SIGTERM.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// Test-only: admit without checking free KV cells.
+    #[arg(long, hide = true)]
+    pub unsafe_no_admission_control: bool,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = a.model.engine_config()?;
+    let (_, plan) = cfg.plan()?;
+    plan.check_fits()?;
+    let max_queue = a.max_queue.unwrap_or(2 * plan.seq_slots as usize);
+    cfg.max_waiting = max_queue;
+    cfg.admission_control = !a.unsafe_no_admission_control;
+    for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout)] {
+        if !(v.is_finite() && v > 0.0) {
+            anyhow::bail!("{name} must be a positive number of seconds, got {v}");
+        }
+    }
+    let model_id = a.model_id.clone().unwrap_or_else(|| {
+        cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
+    });
+    let step_hist = Metrics::engine_step_histogram();
+    let obs_hist = step_hist.clone();
+    let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
+    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist);
+    let context = engine.plan().context as usize;
+    let config = ServerConfig {
+        model_id,
+        max_queue,
+        queue_timeout: Duration::from_secs_f64(a.queue_timeout),
+        api_key: a.api_key.filter(|k| !k.is_empty()),
+        body_limit: a.body_limit,
+        max_prompt_tokens: a.max_prompt_tokens.unwrap_or(context - 1).min(context - 1),
+        ready_cache: Duration::from_secs(2),
+        drain_timeout: Duration::from_secs_f64(a.drain_timeout),
+    };
+    let state = AppState::new(engine, metrics, config);
+    let addr = SocketAddr::new(a.host, a.port);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(abserve_server::serve(state.clone(), addr, std::future::pending(), |bound| {
+        tracing::info!("listening on http://{bound} (model id '{}')", state.config.model_id);
+        // a line tests and scripts can wait for
+        println!("abserve: listening on http://{bound}");
+    }))?;
+    tracing::info!("stopped");
+    Ok(())
+}

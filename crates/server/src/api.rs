@@ -1,0 +1,454 @@
+//! `POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/models`, non-streamed and
+//! streamed as server-sent events exactly as OpenAI sends them.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use abserve_engine::sampler::TokenLogprob;
+use abserve_engine::{Completion, Event, Request, SamplingParams};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::error::ApiError;
+use crate::openai::{parse_body, ChatRequest, CompletionRequest, PromptField};
+use crate::state::AppState;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn new_id(prefix: &str) -> String {
+    let r: u64 = rand::random();
+    format!("{prefix}-{r:016x}")
+}
+
+fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
+    match model {
+        None => Err(ApiError::invalid_param("model", "you must provide a model parameter")),
+        Some(m) if m == &state.config.model_id || m == "default" => Ok(state.config.model_id.clone()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+/// Tokenized prompts plus sampling parameters, checked against the context.
+struct Job {
+    prompts: Vec<Vec<i32>>,
+    params: SamplingParams,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+    kind: Kind,
+}
+
+fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
+    let ctx = state.engine.plan().context as usize;
+    let limit = state.config.max_prompt_tokens.min(ctx - 1);
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
+    }
+    if prompt.len() > limit {
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!(
+                "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
+                prompt.len()
+            ),
+        ));
+    }
+    let room = ctx - prompt.len();
+    if !explicit_max {
+        params.max_tokens = params.max_tokens.min(room as u32);
+    } else if params.max_tokens as usize > room {
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Reduce the prompt or max_tokens.",
+                prompt.len() + params.max_tokens as usize,
+                prompt.len(),
+                params.max_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn chat_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+    let req: ChatRequest = parse_body(body)?;
+    let model = check_model(state, &req.common.model)?;
+    let messages = req.messages()?;
+    let n = req.common.n()?;
+    let explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
+    let mut params = req.common.sampling(u32::MAX, req.top_logprobs()?)?;
+    let text = state.engine.render_chat(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // the rendered template carries its own special tokens; do not add BOS twice
+    let prompt = state.engine.model().tokenize(&text, false);
+    fit_context(state, &prompt, &mut params, explicit)?;
+    Ok(Job {
+        prompts: vec![prompt; n],
+        params,
+        model,
+        stream: req.common.stream,
+        include_usage: req.common.include_usage(),
+        kind: Kind::Chat,
+    })
+}
+
+fn completion_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
+    let model = check_model(state, &req.common.model)?;
+    let n = req.common.n()?;
+    let explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
+    let mut params = req.common.sampling(16, req.logprobs()?)?;
+    let vocab = state.engine.model().n_vocab() as i64;
+    let check_ids = |ids: &[i64]| -> Result<Vec<i32>, ApiError> {
+        ids.iter()
+            .map(|&t| {
+                if (0..vocab).contains(&t) {
+                    Ok(t as i32)
+                } else {
+                    Err(ApiError::invalid_param("prompt", format!("token id {t} is outside the vocabulary of {vocab}")))
+                }
+            })
+            .collect()
+    };
+    let base: Vec<Vec<i32>> = match &req.prompt {
+        PromptField::Text(s) => vec![state.engine.tokenize(s)],
+        PromptField::Texts(v) if !v.is_empty() => v.iter().map(|s| state.engine.tokenize(s)).collect(),
+        PromptField::Tokens(ids) => vec![check_ids(ids)?],
+        PromptField::TokenLists(l) if !l.is_empty() => l.iter().map(|ids| check_ids(ids)).collect::<Result<_, _>>()?,
+        _ => return Err(ApiError::invalid_param("prompt", "prompt must not be an empty list")),
+    };
+    if base.len() * n > 64 {
+        return Err(ApiError::invalid_param("prompt", "at most 64 completions per request (prompts × n)"));
+    }
+    for p in &base {
+        fit_context(state, p, &mut params, explicit)?;
+    }
+    let prompts = base.into_iter().flat_map(|p| std::iter::repeat_n(p, n)).collect();
+    Ok(Job {
+        prompts,
+        params,
+        model,
+        stream: req.common.stream,
+        include_usage: req.common.include_usage(),
+        kind: Kind::Text,
+    })
+}
+
+pub async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let r = match chat_job(&state, &body) {
+        Ok(job) => run(state.clone(), job).await,
+        Err(e) => Err(e),
+    };
+    finish(&state, "chat_completions", r)
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let r = match completion_job(&state, &body) {
+        Ok(job) => run(state.clone(), job).await,
+        Err(e) => Err(e),
+    };
+    finish(&state, "completions", r)
+}
+
+fn finish(state: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
+    let resp = r.unwrap_or_else(|e| e.into_response());
+    state.metrics.count(endpoint, resp.status().as_u16());
+    resp
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    state.metrics.count("models", 200);
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_id,
+            "object": "model",
+            "created": now_secs(),
+            "owned_by": "abserve",
+        }]
+    }))
+    .into_response()
+}
+
+/// Admits every sequence of the job (all or none), then answers.
+async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let mut rxs = Vec::with_capacity(job.prompts.len());
+    for p in &job.prompts {
+        let req = Request { prompt: p.clone(), params: job.params.clone(), group: None, priority: false };
+        // dropping the receivers already admitted cancels them if a later one is refused
+        rxs.push(state.admit(req).await?);
+    }
+    if job.stream {
+        Ok(stream_response(state, job, rxs, started).into_response())
+    } else {
+        collect_response(state, job, rxs, started).await
+    }
+}
+
+struct Choice {
+    text: String,
+    tokens: Vec<i32>,
+    logprobs: Vec<TokenLogprob>,
+    done: Option<Completion>,
+}
+
+async fn collect_one(mut rx: UnboundedReceiver<Event>) -> Result<Choice, ApiError> {
+    let mut c = Choice { text: String::new(), tokens: vec![], logprobs: vec![], done: None };
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { token, text, logprob } => {
+                c.tokens.push(token);
+                c.text.push_str(&text);
+                c.logprobs.extend(logprob);
+            }
+            Event::Done(d) => {
+                c.text.push_str(&d.tail_text);
+                c.done = Some(d);
+                return Ok(c);
+            }
+            Event::Error(e) => return Err(ApiError::unavailable(e)),
+            Event::Admitted { .. } => {}
+        }
+    }
+    Err(ApiError::unavailable("The engine stopped before the request finished."))
+}
+
+fn observe(state: &AppState, d: &Completion) {
+    state.metrics.ttft.observe(d.time_to_first_token.as_secs_f64());
+    state.metrics.request_duration.observe(d.total_time.as_secs_f64());
+    if d.completion_tokens > 1 {
+        let per = (d.total_time - d.time_to_first_token).as_secs_f64() / (d.completion_tokens - 1) as f64;
+        state.metrics.time_per_output_token.observe(per);
+    }
+}
+
+fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
+    let m = state.engine.model();
+    let entry = |t: i32, lp: f32| {
+        let bytes = m.piece(t);
+        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
+    };
+    json!({"content": lps.iter().map(|l| {
+        let mut e = entry(l.token, l.logprob);
+        e["top_logprobs"] = Value::Array(l.top.iter().map(|&(t, lp)| entry(t, lp)).collect());
+        e
+    }).collect::<Vec<_>>()})
+}
+
+fn text_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
+    let m = state.engine.model();
+    let mut offset = 0usize;
+    let mut tokens = vec![];
+    let mut token_logprobs = vec![];
+    let mut top = vec![];
+    let mut offsets = vec![];
+    for l in lps {
+        let t = m.token_text(l.token);
+        offsets.push(offset);
+        offset += t.len();
+        tokens.push(t);
+        token_logprobs.push(l.logprob);
+        let map: serde_json::Map<String, Value> = l.top.iter().map(|&(t, lp)| (m.token_text(t), json!(lp))).collect();
+        top.push(Value::Object(map));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+async fn collect_response(
+    state: Arc<AppState>,
+    job: Job,
+    rxs: Vec<UnboundedReceiver<Event>>,
+    _started: Instant,
+) -> Result<Response, ApiError> {
+    let results = futures::future::join_all(rxs.into_iter().map(collect_one)).await;
+    let mut choices = vec![];
+    let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
+    for (i, r) in results.into_iter().enumerate() {
+        let c = r?;
+        let d = c.done.expect("collected to the end");
+        observe(&state, &d);
+        if i == 0 || job.kind == Kind::Text {
+            // chat with n > 1 shares one prompt; count it once as OpenAI does
+            if i == 0 || job.prompts[i] != job.prompts[i - 1] {
+                prompt_tokens += d.prompt_tokens;
+            }
+        }
+        cached += d.shared_prompt_tokens;
+        completion_tokens += d.completion_tokens;
+        let want_lp = job.params.logprobs.is_some();
+        let choice = match job.kind {
+            Kind::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text, "refusal": null},
+                "logprobs": if want_lp { chat_logprobs(&state, &c.logprobs) } else { Value::Null },
+                "finish_reason": d.finish_reason.as_str(),
+            }),
+            Kind::Text => json!({
+                "index": i,
+                "text": c.text,
+                "logprobs": if want_lp { text_logprobs(&state, &c.logprobs) } else { Value::Null },
+                "finish_reason": d.finish_reason.as_str(),
+            }),
+        };
+        choices.push(choice);
+    }
+    let (id, object) = match job.kind {
+        Kind::Chat => (new_id("chatcmpl"), "chat.completion"),
+        Kind::Text => (new_id("cmpl"), "text_completion"),
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": object,
+        "created": now_secs(),
+        "model": job.model,
+        "system_fingerprint": "abserve",
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }))
+    .into_response())
+}
+
+/// Merges the per-choice event streams into OpenAI's chunk sequence.
+fn stream_response(
+    state: Arc<AppState>,
+    job: Job,
+    rxs: Vec<UnboundedReceiver<Event>>,
+    _started: Instant,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let (id, object) = match job.kind {
+        Kind::Chat => (new_id("chatcmpl"), "chat.completion.chunk"),
+        Kind::Text => (new_id("cmpl"), "text_completion"),
+    };
+    let created = now_secs();
+    let model = job.model.clone();
+    let kind = job.kind;
+    let want_lp = job.params.logprobs.is_some();
+    let n = rxs.len();
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |choices: Value| {
+            json!({"id": id, "object": object, "created": created, "model": model, "system_fingerprint": "abserve", "choices": choices})
+        }
+    };
+    // role chunks first (chat only)
+    let mut head = vec![];
+    if kind == Kind::Chat {
+        for i in 0..n {
+            head.push(chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])));
+        }
+    }
+    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).map(move |ev| (i, ev)).boxed()
+    }));
+    let st = state.clone();
+    let body = {
+        let chunk = chunk.clone();
+        let st = st.clone();
+        merged.filter_map(move |(i, ev)| {
+            let chunk = chunk.clone();
+            let st = st.clone();
+            async move {
+                match ev {
+                    Event::Token { text, logprob, .. } => {
+                        if text.is_empty() && logprob.is_none() {
+                            return None;
+                        }
+                        let lp = if want_lp {
+                            let l: Vec<TokenLogprob> = logprob.into_iter().collect();
+                            match kind {
+                                Kind::Chat => chat_logprobs(&st, &l),
+                                Kind::Text => text_logprobs(&st, &l),
+                            }
+                        } else {
+                            Value::Null
+                        };
+                        Some(Piece::Chunk(match kind {
+                            Kind::Chat => chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}])),
+                            Kind::Text => chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])),
+                        }))
+                    }
+                    Event::Done(d) => {
+                        observe(&st, &d);
+                        let delta = if d.tail_text.is_empty() { json!({}) } else { json!({"content": d.tail_text}) };
+                        let c = match kind {
+                            Kind::Chat => chunk(json!([{"index": i, "delta": delta, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
+                            Kind::Text => chunk(json!([{"index": i, "text": d.tail_text, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
+                        };
+                        Some(Piece::Last(c, d))
+                    }
+                    Event::Error(e) => Some(Piece::Chunk(json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}}))),
+                    Event::Admitted { .. } => None,
+                }
+            }
+        })
+    };
+    let include_usage = job.include_usage;
+    let prompts = job.prompts.clone();
+    let usage_state = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize, 0usize)));
+    let us = usage_state.clone();
+    let events = stream::iter(head.into_iter().map(|c| sse(&c)))
+        .chain(body.map(move |p| match p {
+            Piece::Chunk(c) => sse(&c),
+            Piece::Last(c, d) => {
+                let mut u = us.lock().unwrap();
+                u.0 += 1;
+                u.1 += d.completion_tokens;
+                u.2 = d.prompt_tokens;
+                sse(&c)
+            }
+        }))
+        .chain(stream::once(async move {
+            let u = *usage_state.lock().unwrap();
+            if include_usage {
+                let distinct = prompts.windows(2).filter(|w| w[0] != w[1]).count() + 1;
+                let prompt_tokens: usize = if kind == Kind::Chat { u.2 } else {
+                    // one count per distinct prompt
+                    let mut seen = 0;
+                    let mut last: Option<&Vec<i32>> = None;
+                    for p in &prompts {
+                        if last != Some(p) { seen += p.len(); }
+                        last = Some(p);
+                    }
+                    let _ = distinct;
+                    seen
+                };
+                let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": u.1, "total_tokens": prompt_tokens + u.1});
+                let mut c = chunk(json!([]));
+                c["usage"] = usage;
+                Some(sse(&c))
+            } else {
+                None
+            }
+        }).filter_map(|x| async move { x }))
+        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Sse::new(events)
+}
+
+enum Piece {
+    Chunk(Value),
+    Last(Value, Completion),
+}
+
+fn sse(v: &Value) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(v.to_string()))
+}

@@ -1,0 +1,106 @@
+//! `/health` (liveness: the engine thread is alive), `/ready` (readiness: a real 1-token
+//! generation through the scheduler's priority lane plus the memory margin, cached for a few
+//! seconds) and `/metrics` (Prometheus text format).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use abserve_engine::plan::current_rss;
+use abserve_engine::{Event, Request, SamplingParams};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.is_alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        ApiError::unavailable("The engine thread has stopped.").into_response()
+    }
+}
+
+async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
+    if state.is_shutting_down() {
+        return Err("shutting down".into());
+    }
+    if !state.engine.is_alive() {
+        return Err("engine thread has stopped".into());
+    }
+    let t0 = Instant::now();
+    let prompt = state.engine.model().tokenize("ready", true);
+    let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true };
+    let mut rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
+    let deadline = tokio::time::sleep(std::time::Duration::from_secs(30));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Event::Done(_)) => break,
+                Some(Event::Error(e)) => return Err(format!("probe generation failed: {e}")),
+                Some(_) => {}
+                None => return Err("engine stopped during the probe".into()),
+            },
+            _ = &mut deadline => return Err("probe generation took longer than 30 s".into()),
+        }
+    }
+    let latency = t0.elapsed();
+    let plan = state.engine.plan();
+    let rss = current_rss();
+    let limit = plan.budget_bytes;
+    let s = state.engine.stats();
+    let body = json!({
+        "status": "ready",
+        "model": state.config.model_id,
+        "probe_latency_ms": latency.as_secs_f64() * 1e3,
+        "memory": {
+            "rss_bytes": rss,
+            "budget_bytes": plan.budget_bytes,
+            "planned_bytes": plan.planned_bytes,
+            "margin_bytes": plan.margin_bytes,
+        },
+        "plan": {
+            "kv_tokens": plan.kv_tokens,
+            "context": plan.context,
+            "max_sequences": plan.max_sequences,
+            "seq_slots": plan.seq_slots,
+        },
+        "kv_tokens_used": s.kv_tokens_used,
+        "running": s.running,
+        "waiting": s.waiting,
+        "max_queue": state.config.max_queue,
+    });
+    if rss > limit {
+        return Err(format!("resident memory {rss} B is above the budget {limit} B"));
+    }
+    Ok(body)
+}
+
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    if state.is_shutting_down() {
+        return ApiError::unavailable("not ready: shutting down").into_response();
+    }
+    let mut cache = state.ready.lock().await;
+    let fresh = cache.as_ref().is_some_and(|(t, _)| t.elapsed() < state.config.ready_cache);
+    if !fresh {
+        let r = probe(&state).await;
+        *cache = Some((Instant::now(), r));
+    }
+    match &cache.as_ref().expect("filled above").1 {
+        Ok(body) => Json(body.clone()).into_response(),
+        Err(reason) => ApiError::unavailable(format!("not ready: {reason}")).into_response(),
+    }
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,159 @@
+//! Prometheus metrics, all prefixed `abserve_`, plus the standard process collector
+//! (`process_resident_memory_bytes`). Label values are bounded: endpoints and status codes,
+//! rejection reasons and memory components; never prompts or user ids.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use abserve_engine::plan::MemoryPlan;
+use abserve_engine::scheduler::EngineStats;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    stats: Arc<EngineStats>,
+    pub requests_total: IntCounterVec,
+    pub rejections_total: IntCounterVec,
+    pub ttft: Histogram,
+    pub request_duration: Histogram,
+    pub time_per_output_token: Histogram,
+    pub engine_step: Histogram,
+    kv_tokens_used: IntGauge,
+    running: IntGauge,
+    waiting: IntGauge,
+    preemptions: IntCounter,
+    cancellations: IntCounter,
+    prompt_tokens: IntCounter,
+    generated_tokens: IntCounter,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+}
+
+impl Metrics {
+    pub fn new(plan: &MemoryPlan, stats: Arc<EngineStats>, engine_step: Histogram) -> Arc<Metrics> {
+        let r = Registry::new();
+        let reg = |c: Box<dyn prometheus::core::Collector>| r.register(c).expect("metric names are unique");
+        let budget = IntGauge::new("abserve_memory_budget_bytes", "Memory budget the plan was made for").unwrap();
+        budget.set(plan.budget_bytes as i64);
+        reg(Box::new(budget));
+        let planned = IntGaugeVec::new(
+            Opts::new("abserve_memory_planned_bytes", "Planned memory per component"),
+            &["component"],
+        )
+        .unwrap();
+        planned.with_label_values(&["weights"]).set(plan.weights_bytes as i64);
+        planned.with_label_values(&["kv"]).set(plan.kv_bytes as i64);
+        planned.with_label_values(&["compute"]).set(plan.compute_bytes as i64);
+        reg(Box::new(planned));
+        let kv_total = IntGauge::new("abserve_kv_tokens_total", "KV cache cells (tokens) in the plan").unwrap();
+        kv_total.set(plan.kv_tokens as i64);
+        reg(Box::new(kv_total));
+        let max_seq = IntGauge::new("abserve_max_sequences", "Concurrent sequences of the full context that fit").unwrap();
+        max_seq.set(plan.max_sequences as i64);
+        reg(Box::new(max_seq));
+
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).unwrap();
+            r.register(Box::new(g.clone())).unwrap();
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).unwrap();
+            r.register(Box::new(c.clone())).unwrap();
+            c
+        };
+        let hist = |name: &str, help: &str, buckets: Vec<f64>| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).unwrap();
+            r.register(Box::new(h.clone())).unwrap();
+            h
+        };
+        let requests_total = IntCounterVec::new(
+            Opts::new("abserve_requests_total", "HTTP requests by endpoint and status code"),
+            &["endpoint", "status"],
+        )
+        .unwrap();
+        r.register(Box::new(requests_total.clone())).unwrap();
+        let rejections_total = IntCounterVec::new(
+            Opts::new("abserve_rejections_total", "Requests turned away, by reason"),
+            &["reason"],
+        )
+        .unwrap();
+        r.register(Box::new(rejections_total.clone())).unwrap();
+        for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
+            rejections_total.with_label_values(&[reason]);
+        }
+        let m = Metrics {
+            kv_tokens_used: gauge("abserve_kv_tokens_used", "KV cache cells in use"),
+            running: gauge("abserve_requests_running", "Sequences in the running batch"),
+            waiting: gauge("abserve_requests_waiting", "Sequences waiting for admission"),
+            preemptions: counter("abserve_preemptions_total", "Sequences preempted to free KV cells"),
+            cancellations: counter("abserve_cancellations_total", "Sequences cancelled by their client"),
+            prompt_tokens: counter("abserve_prompt_tokens_total", "Prompt tokens admitted"),
+            generated_tokens: counter("abserve_generated_tokens_total", "Tokens generated"),
+            ttft: hist("abserve_time_to_first_token_seconds", "Time from request to first token", latency_buckets()),
+            request_duration: hist("abserve_request_duration_seconds", "Time from request to last token", latency_buckets()),
+            time_per_output_token: hist(
+                "abserve_time_per_output_token_seconds",
+                "Mean time between output tokens of a request",
+                vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
+            ),
+            engine_step: {
+                r.register(Box::new(engine_step.clone())).unwrap();
+                engine_step
+            },
+            requests_total,
+            rejections_total,
+            registry: r,
+            stats,
+        };
+        let pc = prometheus::process_collector::ProcessCollector::for_self();
+        m.registry.register(Box::new(pc)).expect("process collector");
+        Arc::new(m)
+    }
+
+    /// The engine-step histogram exists before the engine starts (its observer feeds it).
+    pub fn engine_step_histogram() -> Histogram {
+        Histogram::with_opts(
+            HistogramOpts::new("abserve_engine_step_seconds", "Duration of one engine step (one batched decode)")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+        )
+        .unwrap()
+    }
+
+    pub fn observe_step(&self, d: Duration) {
+        self.engine_step.observe(d.as_secs_f64());
+    }
+
+    /// Copies the engine's counters into the registry and renders the text format.
+    pub fn render(&self) -> String {
+        let s = self.stats.snapshot();
+        self.kv_tokens_used.set(s.kv_tokens_used as i64);
+        self.running.set(s.running as i64);
+        self.waiting.set(s.waiting as i64);
+        let bump = |c: &IntCounter, v: u64| {
+            let cur = c.get();
+            if v > cur {
+                c.inc_by(v - cur);
+            }
+        };
+        bump(&self.preemptions, s.preemptions);
+        bump(&self.cancellations, s.cancellations);
+        bump(&self.prompt_tokens, s.prompt_tokens);
+        bump(&self.generated_tokens, s.generated_tokens);
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
+        String::from_utf8(buf).expect("metrics are UTF-8")
+    }
+
+    pub fn count(&self, endpoint: &str, status: u16) {
+        self.requests_total.with_label_values(&[endpoint, &status.to_string()]).inc();
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejections_total.with_label_values(&[reason]).inc();
+    }
+}

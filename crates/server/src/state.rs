@@ -1,0 +1,132 @@
+//! Shared server state and the admission path every generation goes through:
+//! validation → bounded queue (429 + Retry-After) → wait for admission (queue timeout) → events.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abserve_engine::{Engine, Event, Request, SubmitError};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_id: String,
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+    pub api_key: Option<String>,
+    pub body_limit: usize,
+    /// Longest prompt accepted, in tokens (besides the context limit).
+    pub max_prompt_tokens: usize,
+    pub ready_cache: Duration,
+    pub drain_timeout: Duration,
+}
+
+pub struct AppState {
+    pub engine: Engine,
+    pub metrics: Arc<Metrics>,
+    pub config: ServerConfig,
+    pub shutting_down: AtomicBool,
+    pub started: Instant,
+    /// Requests completed per second, smoothed (×1000), for Retry-After.
+    drain_rate_milli: AtomicU64,
+    pub ready: tokio::sync::Mutex<Option<(Instant, Result<serde_json::Value, String>)>>,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<Self> {
+        Arc::new(AppState {
+            engine,
+            metrics,
+            config,
+            shutting_down: AtomicBool::new(false),
+            started: Instant::now(),
+            drain_rate_milli: AtomicU64::new(0),
+            ready: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Samples completions once a second; Retry-After divides the queue by this rate.
+    pub fn spawn_drain_meter(self: &Arc<Self>) {
+        let st = self.clone();
+        tokio::spawn(async move {
+            let mut last = st.engine.stats().completed;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let now = st.engine.stats().completed;
+                let rate = (now - last) as f64;
+                last = now;
+                let old = st.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+                let ewma = if old == 0.0 { rate } else { 0.7 * old + 0.3 * rate };
+                st.drain_rate_milli.store((ewma * 1000.0) as u64, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Seconds until the queue has room, from the current drain rate.
+    pub fn retry_after(&self) -> u64 {
+        let rate = self.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let s = self.engine.stats();
+        let ahead = (s.waiting + s.running + 1) as f64;
+        if rate <= 0.01 {
+            return 2;
+        }
+        (ahead / rate).ceil().clamp(1.0, 60.0) as u64
+    }
+
+    /// Submits a request and waits until the engine admits it. The returned receiver yields
+    /// tokens; dropping it cancels the sequence.
+    pub async fn admit(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+        if self.is_shutting_down() {
+            self.metrics.reject("shutting_down");
+            return Err(ApiError::unavailable("The server is shutting down."));
+        }
+        let mut rx = match self.engine.submit(req) {
+            Ok(rx) => rx,
+            Err(SubmitError::QueueFull(n)) => {
+                self.metrics.reject("queue_full");
+                return Err(ApiError::overloaded(
+                    format!("The server is at capacity ({n} requests waiting). Retry after the delay in Retry-After."),
+                    self.retry_after(),
+                ));
+            }
+            Err(SubmitError::ShuttingDown) => {
+                self.metrics.reject("shutting_down");
+                return Err(ApiError::unavailable("The server is shutting down."));
+            }
+            Err(SubmitError::PromptTooLong { prompt, context }) => {
+                self.metrics.reject("too_long");
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("The prompt has {prompt} tokens but the context is {context} tokens."),
+                ));
+            }
+            Err(SubmitError::EmptyPrompt) => return Err(ApiError::invalid_param("prompt", "The prompt is empty.")),
+            Err(SubmitError::Invalid(p, m)) => return Err(ApiError::invalid_param(p, m)),
+        };
+        let deadline = tokio::time::sleep(self.config.queue_timeout);
+        tokio::pin!(deadline);
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Event::Admitted { .. }) => Ok(rx),
+                Some(Event::Error(e)) => Err(ApiError::unavailable(e)),
+                Some(_) => Ok(rx),
+                None => Err(ApiError::unavailable("The engine stopped.")),
+            },
+            _ = &mut deadline => {
+                self.metrics.reject("queue_timeout");
+                Err(ApiError::overloaded(
+                    format!("The request waited longer than the queue timeout of {:?}.", self.config.queue_timeout),
+                    self.retry_after(),
+                ))
+            }
+        }
+    }
+}
