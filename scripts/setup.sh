@@ -8,6 +8,8 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null || need+=(libclang-dev)
+# promtool checks the /metrics output in the tests
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   sudo=""

@@ -295,14 +295,19 @@ impl Engine {
         if let Some(&bad) = req.prompt.iter().find(|&&t| t < 0 || t as usize >= self.model.n_vocab()) {
             return Err(SubmitError::Invalid("prompt", format!("token id {bad} is outside the vocabulary")));
         }
-        if !req.priority {
-            let waiting = self.stats.waiting.load(std::sync::atomic::Ordering::Relaxed) as usize + self.tx.len();
-            if waiting >= self.max_waiting {
-                return Err(SubmitError::QueueFull(self.max_waiting));
-            }
+        use std::sync::atomic::Ordering;
+        // running sequences fill the slots; beyond slots + max_waiting the queue is full
+        let capacity = (self.plan.seq_slots as usize).saturating_add(self.max_waiting);
+        let inflight = self.stats.inflight.fetch_add(1, Ordering::SeqCst) as usize;
+        if !req.priority && inflight >= capacity {
+            self.stats.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull(self.max_waiting));
         }
         let (etx, erx) = unbounded_channel();
-        self.tx.send(Command::Submit(req, etx)).map_err(|_| SubmitError::ShuttingDown)?;
+        if self.tx.send(Command::Submit(req, etx)).is_err() {
+            self.stats.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::ShuttingDown);
+        }
         Ok(erx)
     }
 

@@ -85,6 +85,8 @@ pub struct EngineStats {
     pub completed: AtomicU64,
     /// Largest number of cells ever in use.
     pub kv_tokens_peak: AtomicU64,
+    /// Requests submitted and not yet finished (queued in the channel, waiting or running).
+    pub inflight: AtomicU64,
 }
 
 impl EngineStats {
@@ -248,7 +250,13 @@ impl Scheduler {
         self.waiting.len()
     }
 
-    /// Queues a request. The caller has checked the prompt fits one context.
+    /// Queues a request. The engine handle counted it in `inflight` when it was submitted;
+    /// `enqueue_counted` is for callers (tests) that bypass the handle.
+    pub fn enqueue_counted(&mut self, req: Request, tx: EventSender) {
+        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+        self.enqueue(req, tx);
+    }
+
     pub fn enqueue(&mut self, req: Request, tx: EventSender) {
         let n_prompt = req.prompt.len();
         let limit = (n_prompt + req.params.max_tokens as usize).min(self.cfg.context);
@@ -353,6 +361,7 @@ impl Scheduler {
         }
         if cancelled > 0 {
             self.stats.cancellations.fetch_add(cancelled as u64, Ordering::Relaxed);
+            self.stats.inflight.fetch_sub(cancelled as u64, Ordering::Relaxed);
         }
     }
 
@@ -520,6 +529,7 @@ impl Scheduler {
         idx.sort_unstable();
         for &i in idx.iter().rev() {
             let s = self.running.remove(i);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(msg.to_string()));
             self.cells.release(&s.cells);
             if let Some(slot) = s.slot {
@@ -582,16 +592,19 @@ impl Scheduler {
             };
             let _ = s.tx.send(Event::Done(done));
             self.stats.completed.fetch_add(1, Ordering::Relaxed);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Drops everything (engine shutdown): waiting and running get an error event.
     pub fn abort_all<C: Compute>(&mut self, be: &mut C, msg: &str) {
         for s in std::mem::take(&mut self.waiting) {
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(msg.into()));
         }
         while let Some(s) = self.running.pop() {
             let s = self.release(be, s);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(msg.into()));
         }
         self.publish();

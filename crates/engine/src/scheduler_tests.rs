@@ -136,7 +136,7 @@ impl Compute for Fake {
 
 fn submit(s: &mut Scheduler, prompt: Vec<i32>, max_tokens: u32, group: &str) -> UnboundedReceiver<Event> {
     let (tx, rx) = unbounded_channel();
-    s.enqueue(
+    s.enqueue_counted(
         Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false },
         tx,
     );
@@ -298,7 +298,7 @@ fn eog_stops_and_stop_strings_cut() {
     let (tx, mut rx) = unbounded_channel();
     let p = prompt(7, 6);
     let first = solo(&p, 1)[0];
-    s.enqueue(
+    s.enqueue_counted(
         Request {
             prompt: p,
             params: SamplingParams { stop: vec![format!("<{first}>")], ..SamplingParams::greedy(50) },

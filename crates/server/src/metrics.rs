@@ -49,8 +49,9 @@ impl Metrics {
         planned.with_label_values(&["kv"]).set(plan.kv_bytes as i64);
         planned.with_label_values(&["compute"]).set(plan.compute_bytes as i64);
         reg(Box::new(planned));
-        let kv_total = IntGauge::new("abserve_kv_tokens_total", "KV cache cells (tokens) in the plan").unwrap();
-        kv_total.set(plan.kv_tokens as i64);
+        // a constant, typed as a counter because Prometheus reserves the _total suffix for them
+        let kv_total = IntCounter::new("abserve_kv_tokens_total", "KV cache cells (tokens) the plan allocated; constant").unwrap();
+        kv_total.inc_by(plan.kv_tokens);
         reg(Box::new(kv_total));
         let max_seq = IntGauge::new("abserve_max_sequences", "Concurrent sequences of the full context that fit").unwrap();
         max_seq.set(plan.max_sequences as i64);

@@ -1,0 +1,127 @@
+//! Starts a real `abserve serve` on 127.0.0.1 with a port the OS picks, and stops it when the
+//! test ends.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub fn model() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "default model missing: run scripts/setup.sh");
+    p
+}
+
+pub struct Server {
+    pub child: Option<Child>,
+    pub base: String,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+pub const MODEL_ID: &str = "smol";
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        let mut args = vec![
+            "serve".to_string(),
+            "--model".into(),
+            model().display().to_string(),
+            "--model-id".into(),
+            MODEL_ID.into(),
+            "--port".into(),
+            "0".into(),
+            "--threads".into(),
+            "2".into(),
+            "--memory-budget".into(),
+            "1GiB".into(),
+            "--context".into(),
+            "512".into(),
+            "--kv-tokens".into(),
+            "4096".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
+            .args(&args)
+            .env("ABSERVE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start abserve serve");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        {
+            let stderr = child.stderr.take().unwrap();
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    log.lock().unwrap().push_str(&(line + "\n"));
+                }
+            });
+        }
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("abserve: listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let base = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(b) => b,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("server did not start: {}", log.lock().unwrap());
+            }
+        };
+        assert!(base.starts_with("http://127.0.0.1:"), "binds loopback: {base}");
+        Server { child: Some(child), base, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        unsafe {
+            libc_kill(child.id() as i32, 15);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("server did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Value of a Prometheus sample line `name{labels} value` (labels as written, or "" for none).
+pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            (k == name_and_labels).then(|| v.parse().ok()).flatten()
+        })
+}
