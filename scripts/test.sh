@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, then runs every test of the workspace.
-set -euo pipefail
+# The whole test suite: installs what it needs, then runs every Rust test of the workspace and
+# the Python tests that drive the server with the official openai SDK.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-cargo test --release --workspace --no-fail-fast 2>&1
+bash scripts/setup.sh || exit 1
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
+  python3 -m venv .venv || exit 1
+  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" || exit 1
+fi
+cargo build --release --bin abserve || exit 1
+status=0
+cargo test --release --workspace --no-fail-fast 2>&1 || status=1
+.venv/bin/python -m pytest -q tests/python 2>&1 || status=1
+exit $status

@@ -1,0 +1,66 @@
+"""Starts real `abserve serve` processes on 127.0.0.1 with ports the OS picks."""
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = ROOT / "target" / "release" / "abserve"
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ID = "smol"
+
+
+class Server:
+    def __init__(self, *extra):
+        assert BINARY.exists(), "build first: cargo build --release"
+        args = [
+            str(BINARY), "serve", "--model", str(MODEL), "--model-id", MODEL_ID, "--port", "0",
+            "--threads", "2", "--memory-budget", "1GiB", "--context", "512", "--kv-tokens", "4096", *extra,
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.base = None
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                if line.startswith("abserve: listening on "):
+                    self.base = line.split()[-1]
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(60):
+            self.proc.kill()
+            raise RuntimeError("abserve serve did not start")
+        assert self.base.startswith("http://127.0.0.1:")
+        self.url = self.base + "/v1"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    s = Server("--api-key", "test-key")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    s = Server("--max-queue", "1", "--max-sequences", "2")
+    yield s
+    s.stop()
