@@ -121,8 +121,12 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
 async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     let s = Server::start(&["--max-queue", "2", "--max-sequences", "4", "--queue-timeout", "60"]);
     let c = client();
+    // one request first, so that the compute buffers are touched before "idle" is measured
+    let warm = c.post(s.url("/v1/completions")).json(&json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4})).send().await.unwrap();
+    assert_eq!(warm.status(), 200);
     let idle = metrics(&c, &s).await;
     let idle_kv = metric(&idle, "abserve_kv_tokens_used").unwrap();
+    let idle_rss = metric(&idle, "process_resident_memory_bytes").unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = (0..50)
         .map(|i| {
@@ -169,6 +173,8 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
         let running = metric(&m, "abserve_requests_running").unwrap();
         if kv == idle_kv && running == 0.0 {
             assert!(metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap() >= limited as f64);
+            let rss = metric(&m, "process_resident_memory_bytes").unwrap();
+            assert!(rss <= idle_rss * 1.10, "RSS {rss} did not return near idle {idle_rss}");
             break;
         }
         assert!(Instant::now() < deadline, "KV {kv} / running {running} did not return to idle");

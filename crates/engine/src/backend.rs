@@ -39,6 +39,9 @@ unsafe extern "C" fn log_callback(
             v.push(line.to_string());
         }
     }
+    // the unified cache is bigger than the training context by design; each sequence is held to
+    // --context (checked against the training context at start-up)
+    let level = if line.contains("n_ctx_seq") && line.contains("n_ctx_train") { 0 } else { level };
     // GGML_LOG_LEVEL_ERROR = 4, WARN = 3
     match level {
         4 => tracing::error!(target: "llama.cpp", "{line}"),

@@ -98,6 +98,8 @@ pub enum EngineError {
     Backend(#[from] crate::backend::BackendError),
     #[error("engine thread failed to start: {0}")]
     Thread(String),
+    #[error("--context {context} is longer than the model's training context of {train} tokens")]
+    ContextTooLong { context: u64, train: u64 },
 }
 
 /// What was really allocated, next to what was planned.
@@ -169,6 +171,9 @@ impl Engine {
 
     pub fn start_with_observer(cfg: EngineConfig, observer: Option<StepObserver>) -> Result<Engine, EngineError> {
         let (header, plan) = cfg.plan()?;
+        if plan.context > plan.shape.n_ctx_train {
+            return Err(EngineError::ContextTooLong { context: plan.context, train: plan.shape.n_ctx_train });
+        }
         plan.check_fits()?;
         for line in plan.summary_lines() {
             tracing::info!("{line}");

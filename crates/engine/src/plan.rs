@@ -113,18 +113,20 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// A `Key:   123 kB` line of a /proc file, in bytes.
+fn proc_kb(path: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    })
+}
+
 /// Memory this process may use on a CPU: the smaller of the cgroup limit and MemAvailable.
 pub fn available_memory() -> u64 {
-    let mem_available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(u64::MAX);
+    let mem_available = proc_kb("/proc/meminfo", "MemAvailable:").unwrap_or(u64::MAX);
     let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
         .iter()
         .find_map(|p| std::fs::read_to_string(p).ok())
@@ -144,16 +146,7 @@ pub fn current_rss() -> u64 {
 
 /// Peak resident set size of this process (VmHWM).
 pub fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
+    proc_kb("/proc/self/status", "VmHWM:").unwrap_or(0)
 }
 
 #[derive(Debug, Clone)]
