@@ -1,5 +1,7 @@
-//! abserve's A/B layer: GrowthBook-compatible assignment and the statistics of results.
-//! (Experiments, storage and routing are built on these; see issue 4's note.)
+//! abserve's A/B layer: experiment definitions, GrowthBook-compatible assignment, durable
+//! storage of exposures and outcome events, and the statistics of results. No HTTP here.
 
 pub mod assign;
+pub mod experiment;
 pub mod stats;
+pub mod store;

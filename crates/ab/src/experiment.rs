@@ -1,0 +1,231 @@
+//! Experiment definitions (TOML or JSON) and their validation: unique names and variant ids,
+//! at least two variants, one control, weights ≥ 0, coverage in [0, 1], templates that render.
+
+use minijinja::{context, Environment};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    #[default]
+    Running,
+    Paused,
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub id: String,
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// System prompt for chat requests.
+    pub system: Option<String>,
+    /// minijinja template of the user message; the user's input is `{{ input }}`.
+    #[serde(default = "input_template")]
+    pub template: String,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Vec<String>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn input_template() -> String {
+    "{{ input }}".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub name: String,
+    /// Defaults to the experiment's name, as GrowthBook's `seed` defaults to its key.
+    pub hash_seed: Option<String>,
+    #[serde(default = "user_attr")]
+    pub hash_attribute: String,
+    #[serde(default = "two")]
+    pub hash_version: u8,
+    #[serde(default = "full")]
+    pub coverage: f64,
+    #[serde(default)]
+    pub status: Status,
+    /// Id of the control variant (default: the first).
+    pub control: Option<String>,
+    /// Largest share (0, 1] of KV cells this experiment's running sequences may hold.
+    pub max_kv_share: Option<f64>,
+    pub variants: Vec<Variant>,
+}
+
+fn user_attr() -> String {
+    "user".into()
+}
+fn two() -> u8 {
+    2
+}
+fn full() -> f64 {
+    1.0
+}
+
+/// A file of experiments: `[[experiment]]` tables.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentFile {
+    #[serde(default)]
+    pub experiment: Vec<Experiment>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl Experiment {
+    pub fn seed(&self) -> &str {
+        self.hash_seed.as_deref().unwrap_or(&self.name)
+    }
+
+    pub fn control_index(&self) -> usize {
+        self.control
+            .as_ref()
+            .and_then(|c| self.variants.iter().position(|v| &v.id == c))
+            .unwrap_or(0)
+    }
+
+    pub fn weights(&self) -> Vec<f64> {
+        let total: f64 = self.variants.iter().map(|v| v.weight).sum();
+        self.variants.iter().map(|v| if total > 0.0 { v.weight / total } else { 0.0 }).collect()
+    }
+
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
+        if self.name.is_empty()
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || self.name.len() > 64
+        {
+            return Err(Invalid(format!(
+                "experiment name '{}' must be 1-64 characters of letters, digits, '-', '_' or '.'",
+                self.name
+            )));
+        }
+        if self.variants.len() < 2 {
+            return bad(format!("needs at least two variants, has {}", self.variants.len()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for v in &self.variants {
+            if v.id.is_empty() {
+                return bad("a variant has an empty id".into());
+            }
+            if !seen.insert(v.id.as_str()) {
+                return bad(format!("duplicate variant id '{}'", v.id));
+            }
+            if !(v.weight.is_finite() && v.weight >= 0.0) {
+                return bad(format!("variant '{}' has weight {}; weights must be ≥ 0", v.id, v.weight));
+            }
+            render(&v.template, "test input").map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
+        }
+        if self.variants.iter().map(|v| v.weight).sum::<f64>() <= 0.0 {
+            return bad("the weights sum to zero".into());
+        }
+        if let Some(c) = &self.control {
+            if !self.variants.iter().any(|v| &v.id == c) {
+                return bad(format!("control '{c}' is not one of the variants"));
+            }
+        }
+        if !(self.coverage.is_finite() && (0.0..=1.0).contains(&self.coverage)) {
+            return bad(format!("coverage {} must be between 0 and 1", self.coverage));
+        }
+        if let Some(s) = self.max_kv_share {
+            if !(s > 0.0 && s <= 1.0) {
+                return bad(format!("max_kv_share {s} must be in (0, 1]"));
+            }
+        }
+        if !(1..=2).contains(&self.hash_version) {
+            return bad(format!("hash_version {} must be 1 or 2", self.hash_version));
+        }
+        Ok(())
+    }
+}
+
+/// Renders a variant template with the user's input (strict: unknown variables are errors).
+pub fn render(template: &str, input: &str) -> Result<String, String> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
+    env.get_template("t")
+        .and_then(|t| t.render(context! { input => input }))
+        .map_err(|e| format!("template does not render: {e}"))
+}
+
+/// Parses and validates a TOML file of experiments; names must be unique.
+pub fn parse_file(text: &str) -> Result<Vec<Experiment>, Invalid> {
+    let f: ExperimentFile = toml::from_str(text).map_err(|e| Invalid(format!("experiments file: {e}")))?;
+    let mut names = std::collections::HashSet::new();
+    for e in &f.experiment {
+        e.validate()?;
+        if !names.insert(e.name.clone()) {
+            return Err(Invalid(format!("duplicate experiment name '{}'", e.name)));
+        }
+    }
+    Ok(f.experiment)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[experiment]]
+name = "support-tone"
+control = "terse"
+max_kv_share = 0.5
+
+[[experiment.variants]]
+id = "terse"
+weight = 0.5
+system = "Be brief."
+template = "Customer: {{ input }}"
+temperature = 0.0
+
+[[experiment.variants]]
+id = "friendly"
+weight = 0.5
+system = "Be warm and friendly."
+"#;
+
+    #[test]
+    fn parses_a_good_file() {
+        let e = parse_file(GOOD).unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].seed(), "support-tone");
+        assert_eq!(e[0].control_index(), 0);
+        assert_eq!(e[0].variants[1].template, "{{ input }}");
+        assert_eq!(render(&e[0].variants[0].template, "hi").unwrap(), "Customer: hi");
+    }
+
+    #[test]
+    fn rejects_bad_definitions_with_the_reason() {
+        let dup = GOOD.replace("id = \"friendly\"", "id = \"terse\"");
+        assert!(parse_file(&dup).unwrap_err().0.contains("duplicate variant id 'terse'"));
+        let neg = GOOD.replace("weight = 0.5\nsystem = \"Be warm", "weight = -1.0\nsystem = \"Be warm");
+        assert!(parse_file(&neg).unwrap_err().0.contains("weights must be ≥ 0"));
+        let tmpl = GOOD.replace("Customer: {{ input }}", "Customer: {{ input ");
+        assert!(parse_file(&tmpl).unwrap_err().0.contains("template does not compile"));
+        let missing = GOOD.replace("Customer: {{ input }}", "Customer: {{ nothing_here }}");
+        assert!(parse_file(&missing).unwrap_err().0.contains("template does not render"));
+        let control = GOOD.replace("control = \"terse\"", "control = \"nobody\"");
+        assert!(parse_file(&control).unwrap_err().0.contains("control 'nobody'"));
+        let one = &GOOD[..GOOD.find("[[experiment.variants]]\nid = \"friendly\"").unwrap()];
+        assert!(parse_file(one).unwrap_err().0.contains("at least two variants"));
+        let twice = format!("{GOOD}\n{}", GOOD);
+        assert!(parse_file(&twice).unwrap_err().0.contains("duplicate experiment name"));
+        let share = GOOD.replace("max_kv_share = 0.5", "max_kv_share = 1.5");
+        assert!(parse_file(&share).unwrap_err().0.contains("max_kv_share"));
+        let unknown = GOOD.replace("max_kv_share = 0.5", "colour = \"red\"");
+        assert!(parse_file(&unknown).unwrap_err().0.contains("colour"));
+    }
+}
