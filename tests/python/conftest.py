@@ -1,6 +1,7 @@
 """Starts real `abserve serve` processes on 127.0.0.1 with ports the OS picks."""
 import os
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -17,7 +18,8 @@ class Server:
         assert BINARY.exists(), "build first: cargo build --release"
         args = [
             str(BINARY), "serve", "--model", str(MODEL), "--model-id", MODEL_ID, "--port", "0",
-            "--threads", "2", "--memory-budget", "1GiB", "--context", "512", "--kv-tokens", "4096", *extra,
+            "--threads", "2", "--memory-budget", "1GiB", "--context", "512", "--kv-tokens", "4096",
+            "--data-dir", tempfile.mkdtemp(prefix="abserve-py-"), *extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.base = None

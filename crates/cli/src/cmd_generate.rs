@@ -118,7 +118,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
         let rx = engine
-            .submit(Request { prompt: j.prompt_tokens.clone(), params: j.params.clone(), group: None, priority: false })
+            .submit(Request { prompt: j.prompt_tokens.clone(), params: j.params.clone(), group: None, priority: false, kv_share: None })
             .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?;
         receivers.push(rx);
     }

@@ -41,6 +41,12 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Experiments file (TOML, `[[experiment]]` tables) loaded into the store at start.
+    #[arg(long)]
+    pub experiments: Option<std::path::PathBuf>,
+    /// Where experiments, exposures and events are stored (SQLite).
+    #[arg(long, default_value = "abserve-data")]
+    pub data_dir: std::path::PathBuf,
     /// Test-only: admit without checking free KV cells.
     #[arg(long, hide = true)]
     pub unsafe_no_admission_control: bool,
@@ -61,6 +67,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
     });
+    // a bad experiments file is an error before any model work
+    let ab = abserve_server::experiments::AbState::open(&a.data_dir, a.experiments.as_deref())?;
     let step_hist = Metrics::engine_step_histogram();
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
@@ -76,7 +84,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ready_cache: Duration::from_secs(2),
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
     };
-    let state = AppState::new(engine, metrics, config);
+    let state = AppState::new(engine, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(abserve_server::serve(state.clone(), addr, std::future::pending(), |bound| {

@@ -16,6 +16,14 @@ pub struct Request {
     pub group: Option<String>,
     /// Readiness probes: admitted before the queue, never beyond the memory plan.
     pub priority: bool,
+    /// Largest share (0, 1] of KV cells the running sequences of `group` may hold.
+    pub kv_share: Option<f64>,
+}
+
+impl Request {
+    pub fn new(prompt: Vec<i32>, params: SamplingParams) -> Self {
+        Request { prompt, params, group: None, priority: false, kv_share: None }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,8 +61,8 @@ pub struct Completion {
 
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// The sequence was admitted (left the queue).
-    Admitted { queue_time: Duration },
+    /// The sequence was admitted (left the queue); `order` counts admissions engine-wide.
+    Admitted { queue_time: Duration, order: u64 },
     Token { token: i32, text: String, logprob: Option<TokenLogprob> },
     Done(Completion),
     Error(String),

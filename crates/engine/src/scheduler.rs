@@ -87,6 +87,8 @@ pub struct EngineStats {
     pub kv_tokens_peak: AtomicU64,
     /// Requests submitted and not yet finished (queued in the channel, waiting or running).
     pub inflight: AtomicU64,
+    /// Cells held per group (experiment): (now, peak).
+    pub groups: std::sync::Mutex<HashMap<String, (u64, u64)>>,
 }
 
 impl EngineStats {
@@ -146,6 +148,7 @@ struct Seq {
     text: TextStream,
     tx: EventSender,
     group: Option<String>,
+    kv_share: Option<f64>,
     priority: bool,
     arrived: Instant,
     admitted: Option<Instant>,
@@ -208,6 +211,7 @@ pub struct Scheduler {
     next_id: u64,
     stats: Arc<EngineStats>,
     observer: Option<StepObserver>,
+    admissions: u64,
 }
 
 impl Scheduler {
@@ -223,6 +227,7 @@ impl Scheduler {
             next_id: 0,
             stats,
             observer: None,
+            admissions: 0,
         }
     }
 
@@ -273,6 +278,7 @@ impl Scheduler {
             sampler: Sampler::new(req.params),
             tx,
             group: req.group,
+            kv_share: req.kv_share,
             priority: req.priority,
             arrived: Instant::now(),
             admitted: None,
@@ -291,6 +297,21 @@ impl Scheduler {
     }
 
     fn publish(&self) {
+        {
+            let mut g = self.stats.groups.lock().unwrap();
+            for v in g.values_mut() {
+                v.0 = 0;
+            }
+            for s in &self.running {
+                if let Some(name) = &s.group {
+                    let e = g.entry(name.clone()).or_insert((0, 0));
+                    e.0 += s.cells.len() as u64;
+                }
+            }
+            for v in g.values_mut() {
+                v.1 = v.1.max(v.0);
+            }
+        }
         let used = self.cells.used() as u64;
         self.stats.kv_tokens_used.store(used, Ordering::Relaxed);
         self.stats.kv_tokens_peak.fetch_max(used, Ordering::Relaxed);
@@ -384,11 +405,30 @@ impl Scheduler {
         if let Some(i) = self.waiting.iter().position(|s| s.priority) {
             return Some(i);
         }
-        let oldest = self.waiting.iter().map(|s| s.arrived).min()?;
-        let window: Vec<usize> = (0..self.waiting.len())
-            .filter(|&i| self.waiting[i].arrived <= oldest + self.cfg.fair_window)
-            .collect();
+        let eligible: Vec<usize> = (0..self.waiting.len()).filter(|&i| !self.over_quota(&self.waiting[i])).collect();
+        let oldest = eligible.iter().map(|&i| self.waiting[i].arrived).min()?;
+        let window: Vec<usize> =
+            eligible.into_iter().filter(|&i| self.waiting[i].arrived <= oldest + self.cfg.fair_window).collect();
         Some(window[self.rng.gen_range(0..window.len())])
+    }
+
+    /// Cells a group's running sequences hold or will fill.
+    fn group_demand(&self, group: &str) -> usize {
+        self.running
+            .iter()
+            .filter(|r| r.group.as_deref() == Some(group))
+            .map(|r| r.cells.len() + r.pending())
+            .sum()
+    }
+
+    /// Would admitting `s` take its group beyond its KV share? A group may always run one.
+    fn over_quota(&self, s: &Seq) -> bool {
+        let (Some(share), Some(group)) = (s.kv_share, s.group.as_deref()) else { return false };
+        if !self.running.iter().any(|r| r.group.as_deref() == Some(group)) {
+            return false;
+        }
+        let limit = (share * self.cfg.kv_tokens as f64) as usize;
+        self.group_demand(group) + s.tokens.len() > limit
     }
 
     /// Longest prefix of `tokens` another running sequence holds or will hold.
@@ -411,7 +451,8 @@ impl Scheduler {
 
     fn admit(&mut self) {
         while !self.waiting.is_empty() && !self.free_slots.is_empty() {
-            let i = self.next_candidate().expect("non-empty");
+            // None: every waiting request belongs to a group at its KV quota
+            let Some(i) = self.next_candidate() else { break };
             let share = self.find_share(&self.waiting[i].tokens);
             let need = self.waiting[i].tokens.len() - share.map_or(0, |(_, l)| l);
             let watermark = self.running.len();
@@ -427,7 +468,8 @@ impl Scheduler {
             if s.admitted.is_none() {
                 let now = Instant::now();
                 s.admitted = Some(now);
-                let _ = s.tx.send(Event::Admitted { queue_time: now - s.arrived });
+                self.admissions += 1;
+                let _ = s.tx.send(Event::Admitted { queue_time: now - s.arrived, order: self.admissions });
             }
             self.running.push(s);
         }
@@ -467,6 +509,18 @@ impl Scheduler {
         while self.demand() > self.cfg.kv_tokens && self.running.len() > 1 {
             self.preempt_newest(be);
         }
+        // groups that outgrew their KV share give back their newest sequences
+        loop {
+            let over = self.running.iter().rposition(|s| {
+                let (Some(share), Some(g)) = (s.kv_share, s.group.as_deref()) else { return false };
+                let members = self.running.iter().filter(|r| r.group.as_deref() == Some(g)).count();
+                members > 1 && self.group_demand(g) > (share * self.cfg.kv_tokens as f64) as usize
+            });
+            match over {
+                Some(i) => self.preempt_at(be, i),
+                None => break,
+            }
+        }
     }
 
     fn preempt_newest<C: Compute>(&mut self, be: &mut C) -> bool {
@@ -476,6 +530,11 @@ impl Scheduler {
             .iter()
             .rposition(|s| !s.priority)
             .unwrap_or(self.running.len() - 1);
+        self.preempt_at(be, idx);
+        true
+    }
+
+    fn preempt_at<C: Compute>(&mut self, be: &mut C, idx: usize) {
         let s = self.running.remove(idx);
         let id = s.id;
         let mut s = self.release(be, s);
@@ -489,7 +548,6 @@ impl Scheduler {
             }
         }
         self.waiting.push(s);
-        true
     }
 
     /// Fills the batch: one token per decoding sequence first, then prefill chunks in admission

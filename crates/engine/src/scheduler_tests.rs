@@ -137,7 +137,7 @@ impl Compute for Fake {
 fn submit(s: &mut Scheduler, prompt: Vec<i32>, max_tokens: u32, group: &str) -> UnboundedReceiver<Event> {
     let (tx, rx) = unbounded_channel();
     s.enqueue_counted(
-        Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false },
+        Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false, kv_share: None },
         tx,
     );
     rx
@@ -304,6 +304,7 @@ fn eog_stops_and_stop_strings_cut() {
             params: SamplingParams { stop: vec![format!("<{first}>")], ..SamplingParams::greedy(50) },
             group: None,
             priority: false,
+            kv_share: None,
         },
         tx,
     );
@@ -312,4 +313,34 @@ fn eog_stops_and_stop_strings_cut() {
     let (toks, done) = drain(&mut rx);
     assert_eq!(toks.len(), 1);
     assert_eq!(done.unwrap().finish_reason, FinishReason::Stop);
+}
+
+#[test]
+fn a_group_with_a_kv_share_never_holds_more_and_others_keep_running() {
+    let kv = 400;
+    let mut s = sched(kv, 16, 128);
+    let mut f = Fake::new(kv);
+    let mut flood = vec![];
+    for i in 0..12 {
+        let (tx, rx) = unbounded_channel();
+        s.enqueue_counted(
+            Request { prompt: prompt(i, 20), params: SamplingParams::greedy(40), group: Some("capped".into()), priority: false, kv_share: Some(0.25) },
+            tx,
+        );
+        flood.push(rx);
+    }
+    let mut others: Vec<_> = (0..4).map(|i| submit(&mut s, prompt(100 + i, 10), 20, "free")).collect();
+    let mut guard = 0;
+    while !s.is_idle() {
+        s.step(&mut f);
+        let held = s.cells_by_group().get(&Some("capped".to_string())).copied().unwrap_or(0);
+        assert!(held <= kv / 4, "capped group holds {held} of {kv} cells");
+        guard += 1;
+        assert!(guard < 100_000);
+    }
+    for rx in others.iter_mut().chain(flood.iter_mut()) {
+        assert!(drain(rx).1.is_some(), "every request completes");
+    }
+    let peak = s.stats.groups.lock().unwrap()["capped"].1;
+    assert!(peak as usize <= kv / 4 && peak > 0);
 }

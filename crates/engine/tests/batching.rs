@@ -104,7 +104,7 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(400) };
     let submit = |p: &str| {
         engine
-            .submit(abserve_engine::Request { prompt: engine.tokenize(p), params: params.clone(), group: None, priority: false })
+            .submit(abserve_engine::Request { prompt: engine.tokenize(p), params: params.clone(), group: None, priority: false, kv_share: None })
             .unwrap()
     };
     let mut keep = submit("Write a long story about a lighthouse keeper.");

@@ -57,16 +57,39 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
     assert!(!preempted.is_empty());
     let mut identical = 0;
     for &i in &preempted {
-        let solo = common::collect(engine.submit(abserve_engine::Request {
-            prompt: prompts[i].clone(),
-            params: params.clone(),
-            group: None,
-            priority: false,
-        }).unwrap()).unwrap();
-        let same = solo.tokens.iter().zip(&outs[i].tokens).take_while(|(a, b)| a == b).count();
-        eprintln!("preempted sequence {i}: {same}/{} tokens equal to its solo run", solo.tokens.len());
-        assert!(same >= 8, "preempted sequence {i} left its solo run after {same} tokens");
-        identical += usize::from(same == solo.tokens.len());
+        let solo_params = SamplingParams { logprobs: Some(2), ..params.clone() };
+        let rx = engine.submit(abserve_engine::Request::new(prompts[i].clone(), solo_params)).unwrap();
+        let solo = collect_with_logprobs(rx);
+        let same = solo.0.iter().zip(&outs[i].tokens).take_while(|(a, b)| a == b).count();
+        eprintln!("preempted sequence {i}: {same}/{} tokens equal to its solo run", solo.0.len());
+        if same < solo.0.len() {
+            // where they part, the solo run's top two candidates must have been nearly tied
+            let (_, top) = &solo.1[same];
+            let gap = top[0].1 - top[1].1;
+            eprintln!("  they part at token {same}, where the solo run's top-2 logprob gap is {gap:.3}");
+            assert!(gap < 1.0, "preempted sequence {i} left its solo run at a confident token (gap {gap})");
+        } else {
+            identical += 1;
+        }
     }
     eprintln!("{identical}/{} preempted sequences identical to their solo run over {max_tokens} tokens", preempted.len());
+}
+
+/// Tokens and, per token, the top alternatives (id, logprob).
+fn collect_with_logprobs(mut rx: tokio::sync::mpsc::UnboundedReceiver<abserve_engine::Event>) -> (Vec<i32>, Vec<(i32, Vec<(i32, f32)>)>) {
+    let mut toks = vec![];
+    let mut lps = vec![];
+    loop {
+        match rx.blocking_recv() {
+            Some(abserve_engine::Event::Token { token, logprob, .. }) => {
+                toks.push(token);
+                let l = logprob.expect("logprobs requested");
+                lps.push((token, l.top));
+            }
+            Some(abserve_engine::Event::Done(_)) => return (toks, lps),
+            Some(abserve_engine::Event::Error(e)) => panic!("{e}"),
+            Some(_) => {}
+            None => panic!("channel closed"),
+        }
+    }
 }

@@ -9,6 +9,7 @@ use abserve_engine::sampler::TokenLogprob;
 use abserve_engine::{Completion, Event, Request, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,6 +18,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::experiments::{apply_variant, route, variant_messages, Routed};
 use crate::openai::{parse_body, ChatRequest, CompletionRequest, PromptField};
 use crate::state::AppState;
 
@@ -51,6 +53,16 @@ struct Job {
     stream: bool,
     include_usage: bool,
     kind: Kind,
+    routed: Option<Routed>,
+}
+
+/// `experiment:<name>` models are routed through the A/B layer.
+fn experiment_name(model: &Option<String>) -> Option<&str> {
+    model.as_deref().and_then(|m| m.strip_prefix("experiment:"))
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string).filter(|s| !s.is_empty())
 }
 
 fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
@@ -85,13 +97,23 @@ fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, ex
     Ok(())
 }
 
-fn chat_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
     let req: ChatRequest = parse_body(body)?;
-    let model = check_model(state, &req.common.model)?;
-    let messages = req.messages()?;
+    let mut messages = req.messages()?;
     let n = req.common.n()?;
-    let explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
+    let mut explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
     let mut params = req.common.sampling(u32::MAX, req.top_logprobs()?)?;
+    let (model, routed) = match experiment_name(&req.common.model) {
+        Some(name) => {
+            let unit = req.common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
+            let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
+            messages = variant_messages(&e.variants[i], &messages)?;
+            apply_variant(&e.variants[i], &mut params, &mut explicit);
+            params.validate().map_err(|(p, m)| ApiError::invalid_param(p, m))?;
+            (format!("experiment:{name}"), Some(routed))
+        }
+        None => (check_model(state, &req.common.model)?, None),
+    };
     let text = state.engine.render_chat(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // the rendered template carries its own special tokens; do not add BOS twice
     let prompt = state.engine.model().tokenize(&text, false);
@@ -103,15 +125,37 @@ fn chat_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
         kind: Kind::Chat,
+        routed,
     })
 }
 
-fn completion_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
-    let req: CompletionRequest = parse_body(body)?;
-    let model = check_model(state, &req.common.model)?;
+fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
+    let mut req: CompletionRequest = parse_body(body)?;
     let n = req.common.n()?;
-    let explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
+    let mut explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
     let mut params = req.common.sampling(16, req.logprobs()?)?;
+    let (model, routed) = match experiment_name(&req.common.model) {
+        Some(name) => {
+            let unit = req.common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
+            let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
+            let v = &e.variants[i];
+            let text = match &req.prompt {
+                PromptField::Text(t) => t.clone(),
+                _ => return Err(ApiError::invalid_param("prompt", "experiments take a single text prompt")),
+            };
+            let rendered = abserve_ab::experiment::render(&v.template, &text)
+                .map_err(|e| ApiError::bad_request(format!("variant '{}': {e}", v.id)))?;
+            let with_system = match &v.system {
+                Some(sys) => format!("{sys}\n\n{rendered}"),
+                None => rendered,
+            };
+            req.prompt = PromptField::Text(with_system);
+            apply_variant(v, &mut params, &mut explicit);
+            params.validate().map_err(|(p, m)| ApiError::invalid_param(p, m))?;
+            (format!("experiment:{name}"), Some(routed))
+        }
+        None => (check_model(state, &req.common.model)?, None),
+    };
     let vocab = state.engine.model().n_vocab() as i64;
     let check_ids = |ids: &[i64]| -> Result<Vec<i32>, ApiError> {
         ids.iter()
@@ -145,19 +189,20 @@ fn completion_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
         kind: Kind::Text,
+        routed,
     })
 }
 
-pub async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let r = match chat_job(&state, &body) {
+pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = match chat_job(&state, &body, &headers) {
         Ok(job) => run(state.clone(), job).await,
         Err(e) => Err(e),
     };
     finish(&state, "chat_completions", r)
 }
 
-pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let r = match completion_job(&state, &body) {
+pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = match completion_job(&state, &body, &headers) {
         Ok(job) => run(state.clone(), job).await,
         Err(e) => Err(e),
     };
@@ -189,15 +234,47 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
     let started = Instant::now();
     let mut rxs = Vec::with_capacity(job.prompts.len());
     for p in &job.prompts {
-        let req = Request { prompt: p.clone(), params: job.params.clone(), group: None, priority: false };
+        let req = Request {
+            prompt: p.clone(),
+            params: job.params.clone(),
+            group: job.routed.as_ref().map(|r| r.experiment.clone()),
+            priority: false,
+            kv_share: job.routed.as_ref().and_then(|r| r.kv_share),
+        };
         // dropping the receivers already admitted cancels them if a later one is refused
         rxs.push(state.admit(req).await?);
     }
-    if job.stream {
-        Ok(stream_response(state, job, rxs, started).into_response())
+    let routed = job.routed.as_ref().map(|r| (r.experiment.clone(), r.variant.clone()));
+    let mut resp = if job.stream {
+        stream_response(state, job, rxs, started).into_response()
     } else {
-        collect_response(state, job, rxs, started).await
+        collect_response(state, job, rxs, started).await?
+    };
+    if let Some((e, v)) = routed {
+        let h = resp.headers_mut();
+        h.insert("x-abserve-experiment", HeaderValue::from_str(&e).unwrap_or(HeaderValue::from_static("?")));
+        h.insert("x-abserve-variant", HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("?")));
     }
+    Ok(resp)
+}
+
+/// Records the exposure of a routed request (committed before the response goes out).
+async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
+    let (Some(ab), true) = (state.ab.as_ref(), routed.record) else { return Ok(()) };
+    let x = abserve_ab::store::Exposure {
+        variant: routed.variant.clone(),
+        unit: routed.unit.clone().unwrap_or_default(),
+        forced: routed.forced,
+        latency_ms: d.map(|d| d.total_time.as_secs_f64() * 1e3),
+        ttft_ms: d.map(|d| d.time_to_first_token.as_secs_f64() * 1e3),
+        output_tokens: d.map(|d| d.completion_tokens as u64),
+        error,
+    };
+    ab.record_exposure(routed.experiment.clone(), x).await
+}
+
+fn abserve_field(r: &Routed) -> Value {
+    json!({"experiment": r.experiment, "variant": r.variant, "unit": r.unit, "forced": r.forced, "in_experiment": r.record})
 }
 
 struct Choice {
@@ -276,6 +353,11 @@ async fn collect_response(
     _started: Instant,
 ) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(collect_one)).await;
+    if let Some(r) = &job.routed {
+        let first = results.first().and_then(|x| x.as_ref().ok()).and_then(|c| c.done.as_ref());
+        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.message.clone());
+        expose(&state, r, first, err).await?;
+    }
     let mut choices = vec![];
     let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
     for (i, r) in results.into_iter().enumerate() {
@@ -311,7 +393,7 @@ async fn collect_response(
         Kind::Chat => (new_id("chatcmpl"), "chat.completion"),
         Kind::Text => (new_id("cmpl"), "text_completion"),
     };
-    Ok(Json(json!({
+    let mut body = json!({
         "id": id,
         "object": object,
         "created": now_secs(),
@@ -324,8 +406,11 @@ async fn collect_response(
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached},
         },
-    }))
-    .into_response())
+    });
+    if let Some(r) = &job.routed {
+        body["abserve"] = abserve_field(r);
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Merges the per-choice event streams into OpenAI's chunk sequence.
@@ -404,12 +489,17 @@ fn stream_response(
     };
     let include_usage = job.include_usage;
     let prompts = job.prompts.clone();
+    let routed = job.routed.clone();
+    let expose_state = state.clone();
+    let first_done: Arc<std::sync::Mutex<Option<Completion>>> = Default::default();
+    let fd = first_done.clone();
     let usage_state = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize, 0usize)));
     let us = usage_state.clone();
     let events = stream::iter(head.into_iter().map(|c| sse(&c)))
         .chain(body.map(move |p| match p {
             Piece::Chunk(c) => sse(&c),
             Piece::Last(c, d) => {
+                fd.lock().unwrap().get_or_insert_with(|| d.clone());
                 let mut u = us.lock().unwrap();
                 u.0 += 1;
                 u.1 += d.completion_tokens;
@@ -418,6 +508,12 @@ fn stream_response(
             }
         }))
         .chain(stream::once(async move {
+            if let Some(r) = &routed {
+                let d = first_done.lock().unwrap().clone();
+                if let Err(e) = expose(&expose_state, r, d.as_ref(), None).await {
+                    tracing::error!("recording an exposure failed: {}", e.message);
+                }
+            }
             let u = *usage_state.lock().unwrap();
             if include_usage {
                 let distinct = prompts.windows(2).filter(|w| w[0] != w[1]).count() + 1;

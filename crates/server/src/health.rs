@@ -33,7 +33,7 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
     }
     let t0 = Instant::now();
     let prompt = state.engine.model().tokenize("ready", true);
-    let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true };
+    let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true, kv_share: None };
     let mut rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
     let deadline = tokio::time::sleep(std::time::Duration::from_secs(30));
     tokio::pin!(deadline);

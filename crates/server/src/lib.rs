@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod experiments;
 pub mod health;
 pub mod metrics;
 pub mod openai;
@@ -29,6 +30,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/models", get(api::models))
+        .route("/experiments", get(experiments::list).post(experiments::create))
+        .route(
+            "/experiments/{name}",
+            get(experiments::get).put(experiments::put).delete(experiments::delete),
+        )
+        .route("/experiments/{name}/fanout", post(experiments::fanout))
+        .route("/experiments/{name}/events", post(experiments::events))
+        .route("/experiments/{name}/results", get(experiments::results))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key));
     Router::new()
         .nest("/v1", v1)

@@ -27,6 +27,8 @@ pub struct Metrics {
     cancellations: IntCounter,
     prompt_tokens: IntCounter,
     generated_tokens: IntCounter,
+    experiment_kv: IntGaugeVec,
+    experiment_kv_peak: IntGaugeVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -87,7 +89,21 @@ impl Metrics {
         for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
             rejections_total.with_label_values(&[reason]);
         }
+        let experiment_kv = IntGaugeVec::new(
+            Opts::new("abserve_experiment_kv_tokens_used", "KV cells held by an experiment's running sequences"),
+            &["experiment"],
+        )
+        .unwrap();
+        r.register(Box::new(experiment_kv.clone())).unwrap();
+        let experiment_kv_peak = IntGaugeVec::new(
+            Opts::new("abserve_experiment_kv_tokens_peak", "Most KV cells an experiment's running sequences held at once"),
+            &["experiment"],
+        )
+        .unwrap();
+        r.register(Box::new(experiment_kv_peak.clone())).unwrap();
         let m = Metrics {
+            experiment_kv,
+            experiment_kv_peak,
             kv_tokens_used: gauge("abserve_kv_tokens_used", "KV cache cells in use"),
             running: gauge("abserve_requests_running", "Sequences in the running batch"),
             waiting: gauge("abserve_requests_waiting", "Sequences waiting for admission"),
@@ -145,6 +161,11 @@ impl Metrics {
         bump(&self.cancellations, s.cancellations);
         bump(&self.prompt_tokens, s.prompt_tokens);
         bump(&self.generated_tokens, s.generated_tokens);
+        // experiment names are defined by the operator, so this label stays bounded
+        for (name, (now, peak)) in self.stats.groups.lock().unwrap().iter() {
+            self.experiment_kv.with_label_values(&[name.as_str()]).set(*now as i64);
+            self.experiment_kv_peak.with_label_values(&[name.as_str()]).set(*peak as i64);
+        }
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
         String::from_utf8(buf).expect("metrics are UTF-8")

@@ -33,10 +33,12 @@ pub struct AppState {
     /// Requests completed per second, smoothed (×1000), for Retry-After.
     drain_rate_milli: AtomicU64,
     pub ready: tokio::sync::Mutex<Option<(Instant, Result<serde_json::Value, String>)>>,
+    /// The A/B layer, when the server was started with a data directory.
+    pub ab: Option<crate::experiments::AbState>,
 }
 
 impl AppState {
-    pub fn new(engine: Engine, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<Self> {
+    pub fn new(engine: Engine, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::experiments::AbState>) -> Arc<Self> {
         Arc::new(AppState {
             engine,
             metrics,
@@ -45,6 +47,7 @@ impl AppState {
             started: Instant::now(),
             drain_rate_milli: AtomicU64::new(0),
             ready: tokio::sync::Mutex::new(None),
+            ab,
         })
     }
 
@@ -84,11 +87,33 @@ impl AppState {
     /// Submits a request and waits until the engine admits it. The returned receiver yields
     /// tokens; dropping it cancels the sequence.
     pub async fn admit(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+        let mut rx = self.admit_nowait(req)?;
+        let deadline = tokio::time::sleep(self.config.queue_timeout);
+        tokio::pin!(deadline);
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Event::Admitted { .. }) => Ok(rx),
+                Some(Event::Error(e)) => Err(ApiError::unavailable(e)),
+                Some(_) => Ok(rx),
+                None => Err(ApiError::unavailable("The engine stopped.")),
+            },
+            _ = &mut deadline => {
+                self.metrics.reject("queue_timeout");
+                Err(ApiError::overloaded(
+                    format!("The request waited longer than the queue timeout of {:?}.", self.config.queue_timeout),
+                    self.retry_after(),
+                ))
+            }
+        }
+    }
+
+    /// Submits without waiting for admission (the first event will be `Admitted`).
+    pub fn admit_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
         if self.is_shutting_down() {
             self.metrics.reject("shutting_down");
             return Err(ApiError::unavailable("The server is shutting down."));
         }
-        let mut rx = match self.engine.submit(req) {
+        let rx = match self.engine.submit(req) {
             Ok(rx) => rx,
             Err(SubmitError::QueueFull(n)) => {
                 self.metrics.reject("queue_full");
@@ -111,22 +136,6 @@ impl AppState {
             Err(SubmitError::EmptyPrompt) => return Err(ApiError::invalid_param("prompt", "The prompt is empty.")),
             Err(SubmitError::Invalid(p, m)) => return Err(ApiError::invalid_param(p, m)),
         };
-        let deadline = tokio::time::sleep(self.config.queue_timeout);
-        tokio::pin!(deadline);
-        tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(Event::Admitted { .. }) => Ok(rx),
-                Some(Event::Error(e)) => Err(ApiError::unavailable(e)),
-                Some(_) => Ok(rx),
-                None => Err(ApiError::unavailable("The engine stopped.")),
-            },
-            _ = &mut deadline => {
-                self.metrics.reject("queue_timeout");
-                Err(ApiError::overloaded(
-                    format!("The request waited longer than the queue timeout of {:?}.", self.config.queue_timeout),
-                    self.retry_after(),
-                ))
-            }
-        }
+        Ok(rx)
     }
 }

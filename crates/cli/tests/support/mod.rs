@@ -21,6 +21,18 @@ pub struct Server {
 
 pub const MODEL_ID: &str = "smol";
 
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// SIGKILL: no chance to flush or clean up.
+pub fn kill9(s: &mut Server) {
+    if let Some(mut c) = s.child.take() {
+        unsafe {
+            libc_kill(c.id() as i32, 9);
+        }
+        let _ = c.wait();
+    }
+}
+
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
         let mut args = vec![
@@ -40,6 +52,16 @@ impl Server {
             "--kv-tokens".into(),
             "4096".into(),
         ];
+        if !extra.contains(&"--data-dir") {
+            let dir = std::env::temp_dir().join(format!(
+                "abserve-test-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            args.push("--data-dir".into());
+            args.push(dir.display().to_string());
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
             .args(&args)

@@ -54,7 +54,7 @@ pub fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Output, String> {
 
 pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedReceiver<Event> {
     engine
-        .submit(Request { prompt: prompt.to_vec(), params: SamplingParams::greedy(max_tokens), group: None, priority: false })
+        .submit(Request { prompt: prompt.to_vec(), params: SamplingParams::greedy(max_tokens), group: None, priority: false, kv_share: None })
         .expect("submit")
 }
 
@@ -64,7 +64,7 @@ pub fn run_all(engine: &Engine, prompts: &[Vec<i32>], params: &SamplingParams) -
         .iter()
         .map(|p| {
             engine
-                .submit(Request { prompt: p.clone(), params: params.clone(), group: None, priority: false })
+                .submit(Request { prompt: p.clone(), params: params.clone(), group: None, priority: false, kv_share: None })
                 .expect("submit")
         })
         .collect();

@@ -1,0 +1,352 @@
+//! The A/B layer over HTTP: experiment CRUD, assignment of `experiment:<name>` requests,
+//! fan-out of one input to every variant, outcome events and results. Storage is SQLite
+//! (`abserve_ab::store`); every 2xx that records something was committed before it was sent.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use abserve_ab::assign::assign;
+use abserve_ab::experiment::{render, Experiment, Status, Variant};
+use abserve_ab::store::{Exposure, OutcomeEvent, Store};
+use abserve_engine::chat::ChatMessage;
+use abserve_engine::{Event, Request, SamplingParams};
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub struct AbState {
+    store: Arc<Mutex<Store>>,
+    experiments: RwLock<BTreeMap<String, Experiment>>,
+}
+
+impl AbState {
+    /// Opens the store and loads the experiments file (its definitions replace stored ones).
+    pub fn open(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<AbState> {
+        let store = Store::open(data_dir)?;
+        if let Some(f) = file {
+            let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
+            for e in abserve_ab::experiment::parse_file(&text)? {
+                store.put_experiment(&e)?;
+            }
+        }
+        let experiments = store.experiments()?.into_iter().map(|e| (e.name.clone(), e)).collect();
+        Ok(AbState { store: Arc::new(Mutex::new(store)), experiments: RwLock::new(experiments) })
+    }
+
+    pub fn get(&self, name: &str) -> Option<Experiment> {
+        self.experiments.read().unwrap().get(name).cloned()
+    }
+
+    /// Runs a store operation off the async threads.
+    async fn with_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, abserve_ab::store::StoreError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap()))
+            .await
+            .map_err(|e| ApiError::internal(format!("storage task failed: {e}")))?
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
+        self.with_store(move |s| s.record_exposure(&experiment, &x)).await
+    }
+}
+
+fn ab(state: &AppState) -> Result<&AbState, ApiError> {
+    state.ab.as_ref().ok_or_else(|| ApiError::not_found("Experiments are not enabled on this server."))
+}
+
+fn find(state: &AppState, name: &str) -> Result<Experiment, ApiError> {
+    ab(state)?.get(name).ok_or_else(|| ApiError::not_found(format!("No experiment named '{name}'.")))
+}
+
+fn parse_experiment(body: &[u8]) -> Result<Experiment, ApiError> {
+    let e: Experiment = crate::openai::parse_body(body)?;
+    e.validate().map_err(|e| ApiError::bad_request(e.0))?;
+    Ok(e)
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    let all: Vec<Experiment> = ab.experiments.read().unwrap().values().cloned().collect();
+    Ok(Json(json!({"object": "list", "data": all})).into_response())
+}
+
+pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    let e = parse_experiment(&body)?;
+    if ab.get(&e.name).is_some() {
+        let mut err = ApiError::bad_request(format!("An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.", e.name, e.name));
+        err.status = StatusCode::CONFLICT;
+        return Err(err);
+    }
+    let stored = e.clone();
+    ab.with_store(move |s| s.put_experiment(&stored)).await?;
+    ab.experiments.write().unwrap().insert(e.name.clone(), e.clone());
+    Ok((StatusCode::CREATED, Json(e)).into_response())
+}
+
+pub async fn get(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+    Ok(Json(find(&state, &name)?).into_response())
+}
+
+pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    let e = parse_experiment(&body)?;
+    if e.name != name {
+        return Err(ApiError::invalid_param("name", format!("The body names '{}' but the path names '{name}'.", e.name)));
+    }
+    let stored = e.clone();
+    ab.with_store(move |s| s.put_experiment(&stored)).await?;
+    ab.experiments.write().unwrap().insert(name, e.clone());
+    Ok(Json(e).into_response())
+}
+
+pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    find(&state, &name)?;
+    let n = name.clone();
+    ab.with_store(move |s| s.delete_experiment(&n)).await?;
+    ab.experiments.write().unwrap().remove(&name);
+    Ok(Json(json!({"id": name, "object": "experiment", "deleted": true})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum EventsBody {
+    Batch { events: Vec<OutcomeEvent>, batch_id: Option<String> },
+    Many(Vec<OutcomeEvent>),
+    One(OutcomeEvent),
+}
+
+pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    find(&state, &name)?;
+    let (events, batch_id) = match crate::openai::parse_body::<Value>(&body)
+        .and_then(|v| serde_json::from_value::<EventsBody>(v).map_err(|e| ApiError::bad_request(format!("Invalid events: {e}"))))?
+    {
+        EventsBody::Batch { events, batch_id } => (events, batch_id),
+        EventsBody::Many(v) => (v, None),
+        EventsBody::One(e) => (vec![e], None),
+    };
+    if events.is_empty() || events.len() > 10_000 {
+        return Err(ApiError::invalid_param("events", "send between 1 and 10000 events"));
+    }
+    if let Some(bad) = events.iter().find(|e| !e.value.is_finite() || e.unit.is_empty() || e.metric.is_empty()) {
+        return Err(ApiError::invalid_param("events", format!("event for unit '{}' metric '{}' is invalid (empty name or non-finite value)", bad.unit, bad.metric)));
+    }
+    let n = events.len();
+    let stored = ab.with_store(move |s| s.record_events(&name, batch_id.as_deref(), &events)).await?;
+    Ok(Json(json!({"accepted": n, "stored": stored, "duplicate_batch": stored == 0})).into_response())
+}
+
+pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+    let ab = ab(&state)?;
+    let e = find(&state, &name)?;
+    let r = ab.with_store(move |s| s.results(&e)).await?;
+    Ok(Json(r).into_response())
+}
+
+/// What a routed request turned into.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub experiment: String,
+    pub variant: String,
+    pub unit: Option<String>,
+    pub forced: bool,
+    /// An exposure is recorded (the unit is in a running experiment and not forced... or forced, flagged).
+    pub record: bool,
+    pub kv_share: Option<f64>,
+}
+
+/// Applies a variant's parameters over the request's: what the variant sets wins.
+pub fn apply_variant(v: &Variant, p: &mut SamplingParams, explicit_max: &mut bool) {
+    if let Some(t) = v.temperature {
+        p.temperature = t;
+    }
+    if let Some(t) = v.top_p {
+        p.top_p = t;
+    }
+    if let Some(m) = v.max_tokens {
+        p.max_tokens = m;
+        *explicit_max = true;
+    }
+    if let Some(s) = v.seed {
+        p.seed = Some(s);
+    }
+    if let Some(s) = &v.stop {
+        p.stop = s.clone();
+    }
+    if let Some(x) = v.presence_penalty {
+        p.presence_penalty = x;
+    }
+    if let Some(x) = v.frequency_penalty {
+        p.frequency_penalty = x;
+    }
+}
+
+/// Picks the variant for a request to `experiment:<name>`.
+pub fn route(state: &AppState, name: &str, unit: Option<String>, forced: Option<String>) -> Result<(Experiment, usize, Routed), ApiError> {
+    let e = find(state, name).map_err(|_| ApiError::model_not_found(&format!("experiment:{name}")))?;
+    let control = e.control_index();
+    if let Some(f) = forced {
+        let i = e
+            .variants
+            .iter()
+            .position(|v| v.id == f)
+            .ok_or_else(|| ApiError::invalid_param("X-Abserve-Variant", format!("experiment '{name}' has no variant '{f}'")))?;
+        let routed = Routed { experiment: e.name.clone(), variant: f, unit, forced: true, record: true, kv_share: e.max_kv_share };
+        return Ok((e, i, routed));
+    }
+    let assigned = match (&unit, e.status) {
+        (Some(u), Status::Running) => {
+            assign(e.seed(), u, e.variants.len(), e.coverage, &e.weights(), e.hash_version)
+        }
+        _ => None,
+    };
+    let i = assigned.unwrap_or(control);
+    let routed = Routed {
+        experiment: e.name.clone(),
+        variant: e.variants[i].id.clone(),
+        unit,
+        forced: false,
+        record: assigned.is_some(),
+        kv_share: e.max_kv_share,
+    };
+    Ok((e, i, routed))
+}
+
+/// The chat messages a variant sends: its system prompt (if any) replaces the request's, and
+/// the last user message goes through its template as `{{ input }}`.
+pub fn variant_messages(v: &Variant, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out: Vec<ChatMessage> = vec![];
+    if let Some(sys) = &v.system {
+        out.push(ChatMessage::new("system", sys));
+    }
+    let last_user = messages.iter().rposition(|m| m.role == "user");
+    for (i, m) in messages.iter().enumerate() {
+        if v.system.is_some() && m.role == "system" {
+            continue;
+        }
+        if Some(i) == last_user {
+            let text = render(&v.template, &m.content).map_err(|e| ApiError::bad_request(format!("variant '{}': {e}", v.id)))?;
+            out.push(ChatMessage::new("user", &text));
+        } else {
+            out.push(m.clone());
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+struct FanoutBody {
+    input: String,
+    user: Option<String>,
+}
+
+/// Runs every variant of an experiment on one input, concurrently, and returns the outputs
+/// side by side.
+pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+    let e = find(&state, &name)?;
+    let b: FanoutBody = crate::openai::parse_body(&body)?;
+    let started = Instant::now();
+    let mut jobs = vec![];
+    for v in &e.variants {
+        let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
+        let text = state.engine.render_chat(&msgs).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let prompt = state.engine.model().tokenize(&text, false);
+        let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
+        let mut explicit = false;
+        apply_variant(v, &mut params, &mut explicit);
+        let ctx = state.engine.plan().context as usize;
+        if prompt.len() >= ctx {
+            return Err(ApiError::invalid_param("input", format!("variant '{}' renders a prompt of {} tokens; the context is {ctx}", v.id, prompt.len())));
+        }
+        params.max_tokens = params.max_tokens.min((ctx - prompt.len()) as u32);
+        jobs.push(Request { prompt, params, group: Some(e.name.clone()), priority: false, kv_share: e.max_kv_share });
+    }
+    // submit all before awaiting any, so they enter the engine together
+    let mut rxs = vec![];
+    for j in jobs {
+        rxs.push(state.admit_nowait(j)?);
+    }
+    let outs = futures::future::join_all(rxs.into_iter().map(|rx| collect(rx, started))).await;
+    let mut results = vec![];
+    let mut orders = vec![];
+    for (v, o) in e.variants.iter().zip(outs) {
+        match o {
+            Ok(o) => {
+                orders.push(o.order);
+                results.push(json!({
+                    "variant": v.id, "output": o.text, "prompt_tokens": o.prompt_tokens,
+                    "completion_tokens": o.completion_tokens, "shared_prompt_tokens": o.shared,
+                    "ttft_ms": o.ttft_ms, "latency_ms": o.latency_ms, "finish_reason": o.finish, "error": null,
+                }))
+            }
+            Err(err) => {
+                orders.push(u64::MAX);
+                results.push(json!({"variant": v.id, "output": null, "error": err}))
+            }
+        }
+    }
+    // admission rank of each variant (0 = admitted first)
+    let mut idx: Vec<usize> = (0..orders.len()).collect();
+    idx.sort_by_key(|&i| orders[i]);
+    for (rank, &i) in idx.iter().enumerate() {
+        results[i]["admission_rank"] = json!(rank);
+    }
+    let _ = b.user;
+    Ok(Json(json!({"experiment": e.name, "input": b.input, "results": results})).into_response())
+}
+
+struct Collected {
+    text: String,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    shared: usize,
+    ttft_ms: f64,
+    latency_ms: f64,
+    finish: &'static str,
+    order: u64,
+}
+
+async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, started: Instant) -> Result<Collected, String> {
+    let mut text = String::new();
+    let mut order = u64::MAX;
+    let mut first: Option<Instant> = None;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Admitted { order: o, .. } => order = o,
+            Event::Token { text: t, .. } => {
+                first.get_or_insert_with(Instant::now);
+                text.push_str(&t);
+            }
+            Event::Done(d) => {
+                text.push_str(&d.tail_text);
+                return Ok(Collected {
+                    text,
+                    prompt_tokens: d.prompt_tokens,
+                    completion_tokens: d.completion_tokens,
+                    shared: d.shared_prompt_tokens,
+                    ttft_ms: first.map_or(0.0, |f| (f - started).as_secs_f64() * 1e3),
+                    latency_ms: started.elapsed().as_secs_f64() * 1e3,
+                    finish: d.finish_reason.as_str(),
+                    order,
+                });
+            }
+            Event::Error(e) => return Err(e),
+        }
+    }
+    Err("the engine stopped".into())
+}
