@@ -35,23 +35,22 @@ pub fn kill9(s: &mut Server) {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let mut args = vec![
-            "serve".to_string(),
-            "--model".into(),
-            model().display().to_string(),
-            "--model-id".into(),
-            MODEL_ID.into(),
-            "--port".into(),
-            "0".into(),
-            "--threads".into(),
-            "2".into(),
-            "--memory-budget".into(),
-            "1GiB".into(),
-            "--context".into(),
-            "512".into(),
-            "--kv-tokens".into(),
-            "4096".into(),
+        let defaults = [
+            ("--model", model().display().to_string()),
+            ("--model-id", MODEL_ID.to_string()),
+            ("--port", "0".to_string()),
+            ("--threads", "2".to_string()),
+            ("--memory-budget", "1GiB".to_string()),
+            ("--context", "512".to_string()),
+            ("--kv-tokens", "4096".to_string()),
         ];
+        let mut args = vec!["serve".to_string()];
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.push(flag.to_string());
+                args.push(value);
+            }
+        }
         if !extra.contains(&"--data-dir") {
             let dir = std::env::temp_dir().join(format!(
                 "abserve-test-{}-{}",
