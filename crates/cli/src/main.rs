@@ -1,6 +1,7 @@
 //! The `abserve` command line: one binary, one subcommand per job.
 
 mod args;
+mod cmd_experiments;
 mod cmd_generate;
 mod cmd_plan;
 mod cmd_serve;
@@ -22,6 +23,8 @@ enum Command {
     Generate(cmd_generate::GenerateArgs),
     /// OpenAI-compatible HTTP server over one shared model.
     Serve(cmd_serve::ServeArgs),
+    /// Stored experiments and their results.
+    Experiments(cmd_experiments::ExperimentsArgs),
 }
 
 fn main() {
@@ -38,6 +41,7 @@ fn main() {
         Command::Plan(a) => cmd_plan::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Experiments(a) => cmd_experiments::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

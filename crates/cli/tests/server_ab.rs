@@ -95,9 +95,20 @@ async fn aa_test_shows_nothing_and_a_known_effect_is_detected() {
     let cmp = &eff["variants"][1]["metrics"]["satisfaction"]["vs_control"];
     assert!(cmp["p_value"].as_f64().unwrap() < 0.05, "effect not detected: {cmp}");
     assert!(cmp["diff"].as_f64().unwrap() > 0.5);
-    // the CLI gives the same from the same data
-    let t = c.get(s.url("/v1/experiments/effect")).send().await.unwrap();
-    assert_eq!(t.status(), 200);
+    // the CLI reads the same results from the store
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_abserve"))
+        .args(["experiments", "results", "effect", "--json", "--data-dir", &s.data_dir])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cli["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"], cmp["p_value"]);
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_abserve"))
+        .args(["experiments", "results", "effect", "--data-dir", &s.data_dir])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(t.contains("satisfaction") && t.contains("p "), "{t}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -16,6 +16,7 @@ pub fn model() -> PathBuf {
 pub struct Server {
     pub child: Option<Child>,
     pub base: String,
+    pub data_dir: String,
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
@@ -51,16 +52,20 @@ impl Server {
                 args.push(value);
             }
         }
-        if !extra.contains(&"--data-dir") {
-            let dir = std::env::temp_dir().join(format!(
-                "abserve-test-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            args.push("--data-dir".into());
-            args.push(dir.display().to_string());
-        }
+        let data_dir = match extra.iter().position(|a| *a == "--data-dir") {
+            Some(i) => extra[i + 1].to_string(),
+            None => {
+                let dir = std::env::temp_dir().join(format!(
+                    "abserve-test-{}-{}",
+                    std::process::id(),
+                    NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                ));
+                let _ = std::fs::remove_dir_all(&dir);
+                args.push("--data-dir".into());
+                args.push(dir.display().to_string());
+                dir.display().to_string()
+            }
+        };
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
             .args(&args)
@@ -96,7 +101,7 @@ impl Server {
             }
         };
         assert!(base.starts_with("http://127.0.0.1:"), "binds loopback: {base}");
-        Server { child: Some(child), base, log }
+        Server { child: Some(child), base, data_dir, log }
     }
 
     pub fn url(&self, path: &str) -> String {
