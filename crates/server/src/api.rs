@@ -359,17 +359,12 @@ async fn collect_response(
         expose(&state, r, first, err).await?;
     }
     let mut choices = vec![];
-    let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
+    let prompt_tokens = prompt_tokens_once(&job.prompts);
+    let (mut completion_tokens, mut cached) = (0, 0);
     for (i, r) in results.into_iter().enumerate() {
         let c = r?;
         let d = c.done.expect("collected to the end");
         observe(&state, &d);
-        if i == 0 || job.kind == Kind::Text {
-            // chat with n > 1 shares one prompt; count it once as OpenAI does
-            if i == 0 || job.prompts[i] != job.prompts[i - 1] {
-                prompt_tokens += d.prompt_tokens;
-            }
-        }
         cached += d.shared_prompt_tokens;
         completion_tokens += d.completion_tokens;
         let want_lp = job.params.logprobs.is_some();
@@ -493,17 +488,14 @@ fn stream_response(
     let expose_state = state.clone();
     let first_done: Arc<std::sync::Mutex<Option<Completion>>> = Default::default();
     let fd = first_done.clone();
-    let usage_state = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize, 0usize)));
-    let us = usage_state.clone();
+    let completion_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ct = completion_tokens.clone();
     let events = stream::iter(head.into_iter().map(|c| sse(&c)))
         .chain(body.map(move |p| match p {
             Piece::Chunk(c) => sse(&c),
             Piece::Last(c, d) => {
                 fd.lock().unwrap().get_or_insert_with(|| d.clone());
-                let mut u = us.lock().unwrap();
-                u.0 += 1;
-                u.1 += d.completion_tokens;
-                u.2 = d.prompt_tokens;
+                ct.fetch_add(d.completion_tokens, std::sync::atomic::Ordering::Relaxed);
                 sse(&c)
             }
         }))
@@ -514,21 +506,10 @@ fn stream_response(
                     tracing::error!("recording an exposure failed: {}", e.message);
                 }
             }
-            let u = *usage_state.lock().unwrap();
             if include_usage {
-                let distinct = prompts.windows(2).filter(|w| w[0] != w[1]).count() + 1;
-                let prompt_tokens: usize = if kind == Kind::Chat { u.2 } else {
-                    // one count per distinct prompt
-                    let mut seen = 0;
-                    let mut last: Option<&Vec<i32>> = None;
-                    for p in &prompts {
-                        if last != Some(p) { seen += p.len(); }
-                        last = Some(p);
-                    }
-                    let _ = distinct;
-                    seen
-                };
-                let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": u.1, "total_tokens": prompt_tokens + u.1});
+                let prompt_tokens = prompt_tokens_once(&prompts);
+                let completion = completion_tokens.load(std::sync::atomic::Ordering::Relaxed);
+                let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion});
                 let mut c = chunk(json!([]));
                 c["usage"] = usage;
                 Some(sse(&c))
@@ -543,6 +524,11 @@ fn stream_response(
 enum Piece {
     Chunk(Value),
     Last(Value, Completion),
+}
+
+/// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
+fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
+    prompts.iter().enumerate().filter(|(i, p)| *i == 0 || prompts[i - 1] != **p).map(|(_, p)| p.len()).sum()
 }
 
 fn sse(v: &Value) -> Result<SseEvent, Infallible> {
