@@ -341,15 +341,16 @@ impl Scheduler {
                 Ok(false) => {
                     // llama.cpp found no contiguous slot: free the newest sequence and retry
                     tracing::debug!("no KV slot for the batch; preempting");
-                    if self.running.len() <= 1 || !self.preempt_newest(be) {
-                        self.fail_batch(&plan, "no KV cache slot for a single sequence");
+                    if self.running.len() <= 1 {
+                        self.fail_batch(be, &plan, "no KV cache slot for a single sequence");
                         self.publish();
                         return true;
                     }
+                    self.preempt_newest(be);
                 }
                 Err(e) => {
                     tracing::error!("llama_decode failed: {e}");
-                    self.fail_batch(&plan, &format!("decode failed: {e}"));
+                    self.fail_batch(be, &plan, &format!("decode failed: {e}"));
                     self.publish();
                     return true;
                 }
@@ -427,8 +428,12 @@ impl Scheduler {
         if !self.running.iter().any(|r| r.group.as_deref() == Some(group)) {
             return false;
         }
-        let limit = (share * self.cfg.kv_tokens as f64) as usize;
-        self.group_demand(group) + s.tokens.len() > limit
+        self.group_demand(group) + s.tokens.len() > self.quota_cells(share)
+    }
+
+    /// Cells a KV share allows.
+    fn quota_cells(&self, share: f64) -> usize {
+        (share * self.cfg.kv_tokens as f64) as usize
     }
 
     /// Longest prefix of `tokens` another running sequence holds or will hold.
@@ -514,7 +519,7 @@ impl Scheduler {
             let over = self.running.iter().rposition(|s| {
                 let (Some(share), Some(g)) = (s.kv_share, s.group.as_deref()) else { return false };
                 let members = self.running.iter().filter(|r| r.group.as_deref() == Some(g)).count();
-                members > 1 && self.group_demand(g) > (share * self.cfg.kv_tokens as f64) as usize
+                members > 1 && self.group_demand(g) > self.quota_cells(share)
             });
             match over {
                 Some(i) => self.preempt_at(be, i),
@@ -523,7 +528,7 @@ impl Scheduler {
         }
     }
 
-    fn preempt_newest<C: Compute>(&mut self, be: &mut C) -> bool {
+    fn preempt_newest<C: Compute>(&mut self, be: &mut C) {
         // never preempt a readiness probe while anything else can go
         let idx = self
             .running
@@ -531,7 +536,6 @@ impl Scheduler {
             .rposition(|s| !s.priority)
             .unwrap_or(self.running.len() - 1);
         self.preempt_at(be, idx);
-        true
     }
 
     fn preempt_at<C: Compute>(&mut self, be: &mut C, idx: usize) {
@@ -582,17 +586,15 @@ impl Scheduler {
         plan
     }
 
-    fn fail_batch(&mut self, plan: &[(usize, usize, Option<usize>)], msg: &str) {
+    fn fail_batch<C: Compute>(&mut self, be: &mut C, plan: &[(usize, usize, Option<usize>)], msg: &str) {
         let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
         idx.sort_unstable();
         for &i in idx.iter().rev() {
             let s = self.running.remove(i);
+            // release also drops the sequence from llama.cpp's cache, not only from our accounting
+            let s = self.release(be, s);
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(msg.to_string()));
-            self.cells.release(&s.cells);
-            if let Some(slot) = s.slot {
-                self.free_slots.push(slot);
-            }
         }
     }
 

@@ -65,7 +65,7 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string).filter(|s| !s.is_empty())
 }
 
-fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
+pub(crate) fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
     let ctx = state.engine.plan().context as usize;
     let limit = state.config.max_prompt_tokens.min(ctx - 1);
     if prompt.is_empty() {
@@ -97,6 +97,23 @@ fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, ex
     Ok(())
 }
 
+/// Assigns a request to `experiment:<name>` a variant and applies the variant's parameters.
+fn route_experiment(
+    state: &AppState,
+    name: &str,
+    common: &crate::openai::Common,
+    headers: &HeaderMap,
+    params: &mut SamplingParams,
+    explicit_max: &mut bool,
+) -> Result<(abserve_ab::experiment::Variant, Routed), ApiError> {
+    let unit = common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
+    let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
+    let v = e.variants[i].clone();
+    apply_variant(&v, params, explicit_max);
+    params.validate().map_err(|(p, m)| ApiError::invalid_param(p, m))?;
+    Ok((v, routed))
+}
+
 fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
     let req: ChatRequest = parse_body(body)?;
     let mut messages = req.messages()?;
@@ -105,11 +122,8 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, A
     let mut params = req.common.sampling(u32::MAX, req.top_logprobs()?)?;
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
-            let unit = req.common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
-            let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
-            messages = variant_messages(&e.variants[i], &messages)?;
-            apply_variant(&e.variants[i], &mut params, &mut explicit);
-            params.validate().map_err(|(p, m)| ApiError::invalid_param(p, m))?;
+            let (v, routed) = route_experiment(state, name, &req.common, headers, &mut params, &mut explicit)?;
+            messages = variant_messages(&v, &messages)?;
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
@@ -136,9 +150,7 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
     let mut params = req.common.sampling(16, req.logprobs()?)?;
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
-            let unit = req.common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
-            let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
-            let v = &e.variants[i];
+            let (v, routed) = route_experiment(state, name, &req.common, headers, &mut params, &mut explicit)?;
             let text = match &req.prompt {
                 PromptField::Text(t) => t.clone(),
                 _ => return Err(ApiError::invalid_param("prompt", "experiments take a single text prompt")),
@@ -150,8 +162,6 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
                 None => rendered,
             };
             req.prompt = PromptField::Text(with_system);
-            apply_variant(v, &mut params, &mut explicit);
-            params.validate().map_err(|(p, m)| ApiError::invalid_param(p, m))?;
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),

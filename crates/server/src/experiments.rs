@@ -269,11 +269,8 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
         let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
         let mut explicit = false;
         apply_variant(v, &mut params, &mut explicit);
-        let ctx = state.engine.plan().context as usize;
-        if prompt.len() >= ctx {
-            return Err(ApiError::invalid_param("input", format!("variant '{}' renders a prompt of {} tokens; the context is {ctx}", v.id, prompt.len())));
-        }
-        params.max_tokens = params.max_tokens.min((ctx - prompt.len()) as u32);
+        // a fan-out clamps max_tokens to the room the context leaves
+        crate::api::fit_context(&state, &prompt, &mut params, false)?;
         jobs.push(Request { prompt, params, group: Some(e.name.clone()), priority: false, kv_share: e.max_kv_share });
     }
     // submit all before awaiting any, so they enter the engine together
