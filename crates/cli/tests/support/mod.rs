@@ -18,6 +18,32 @@ pub struct Server {
     pub base: String,
     pub data_dir: String,
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    turn: Option<Turn>,
+}
+
+/// One running server per test binary at a time. Each server runs llama.cpp with worker threads
+/// that spin while they wait; several servers on a 2-core CI machine starve each other so badly
+/// that a drain of 8 short streams took over a minute. Tests queue here instead.
+static GATE: (std::sync::Mutex<bool>, std::sync::Condvar) = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+struct Turn;
+
+impl Turn {
+    fn take() -> Turn {
+        let mut busy = GATE.0.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy {
+            busy = GATE.1.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        *busy = true;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *GATE.0.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        GATE.1.notify_one();
+    }
 }
 
 pub const MODEL_ID: &str = "smol";
@@ -32,10 +58,12 @@ pub fn kill9(s: &mut Server) {
         }
         let _ = c.wait();
     }
+    s.turn = None;
 }
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
+        let turn = Turn::take();
         let defaults = [
             ("--model", model().display().to_string()),
             ("--model-id", MODEL_ID.to_string()),
@@ -101,7 +129,7 @@ impl Server {
             }
         };
         assert!(base.starts_with("http://127.0.0.1:"), "binds loopback: {base}");
-        Server { child: Some(child), base, data_dir, log }
+        Server { child: Some(child), base, data_dir, log, turn: Some(turn) }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -117,6 +145,7 @@ impl Server {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = child.try_wait().unwrap() {
+                self.turn = None;
                 return status.code();
             }
             if std::time::Instant::now() > deadline {
