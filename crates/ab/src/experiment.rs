@@ -101,7 +101,18 @@ impl Experiment {
         self.variants.iter().map(|v| if total > 0.0 { v.weight / total } else { 0.0 }).collect()
     }
 
+    /// Validates the definition for the server, where a template sees only `{{ input }}`.
     pub fn validate(&self) -> Result<(), Invalid> {
+        self.validate_shape()?;
+        for v in &self.variants {
+            render(&v.template, "test input").map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
+        }
+        Ok(())
+    }
+
+    /// Everything but the templates' variables: names, ids, weights, control, coverage, quota.
+    /// Templates must still compile. (`abserve eval` checks the variables against its dataset.)
+    pub fn validate_shape(&self) -> Result<(), Invalid> {
         let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
         if self.name.is_empty()
             || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -126,7 +137,7 @@ impl Experiment {
             if !(v.weight.is_finite() && v.weight >= 0.0) {
                 return bad(format!("variant '{}' has weight {}; weights must be ≥ 0", v.id, v.weight));
             }
-            render(&v.template, "test input").map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
+            template_fields(&v.template).map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
         }
         if self.variants.iter().map(|v| v.weight).sum::<f64>() <= 0.0 {
             return bad("the weights sum to zero".into());
@@ -159,6 +170,24 @@ pub fn render(template: &str, input: &str) -> Result<String, String> {
     env.get_template("t")
         .and_then(|t| t.render(context! { input => input }))
         .map_err(|e| format!("template does not render: {e}"))
+}
+
+/// Renders a template with every field of a dataset row (strict: unknown variables are errors).
+pub fn render_row(template: &str, row: &serde_json::Value) -> Result<String, String> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
+    env.get_template("t")
+        .and_then(|t| t.render(minijinja::Value::from_serialize(row)))
+        .map_err(|e| format!("template does not render: {e}"))
+}
+
+/// The top-level variables a template reads (`{{ input }}`, `{{ row.x }}` gives `row`).
+pub fn template_fields(template: &str) -> Result<std::collections::BTreeSet<String>, String> {
+    let mut env = Environment::new();
+    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
+    let t = env.get_template("t").map_err(|e| format!("template does not compile: {e}"))?;
+    Ok(t.undeclared_variables(false).into_iter().collect())
 }
 
 /// Parses and validates a TOML file of experiments; names must be unique.

@@ -3,5 +3,6 @@
 
 pub mod assign;
 pub mod experiment;
+pub mod paired;
 pub mod stats;
 pub mod store;

@@ -29,3 +29,27 @@ fn welch_and_chi_squared_equal_scipy() {
         close(s.p_value, case["p_value"].as_f64().unwrap(), "chi2 p");
     }
 }
+
+#[test]
+fn paired_statistics_equal_scipy_and_statsmodels() {
+    use abserve_ab::paired::{mcnemar, paired_t, sign_test};
+    let fx: Value = serde_json::from_str(include_str!("fixtures/paired_stats.json")).unwrap();
+    for case in fx["ttest_rel"].as_array().unwrap() {
+        let r = paired_t(&floats(&case["control"]), &floats(&case["treatment"])).unwrap();
+        close(r.t, case["t"].as_f64().unwrap(), "paired t");
+        close(r.df, case["df"].as_f64().unwrap(), "paired df");
+        close(r.p_value, case["p_value"].as_f64().unwrap(), "paired p");
+        close(r.ci_low, case["ci_low"].as_f64().unwrap(), "paired ci_low");
+        close(r.ci_high, case["ci_high"].as_f64().unwrap(), "paired ci_high");
+    }
+    let bools = |v: &Value| -> Vec<bool> { v.as_array().unwrap().iter().map(|x| x.as_bool().unwrap()).collect() };
+    for case in fx["mcnemar"].as_array().unwrap() {
+        let r = mcnemar(&bools(&case["control"]), &bools(&case["treatment"]));
+        close(r.p_value, case["p_value"].as_f64().unwrap(), "mcnemar p");
+    }
+    for case in fx["sign"].as_array().unwrap() {
+        let u = |k: &str| case[k].as_u64().unwrap();
+        let r = sign_test(u("wins"), u("losses"), u("ties"));
+        close(r.p_value, case["p_value"].as_f64().unwrap(), "sign test p");
+    }
+}

@@ -1,6 +1,7 @@
 //! The `abserve` command line: one binary, one subcommand per job.
 
 mod args;
+mod cmd_eval;
 mod cmd_experiments;
 mod cmd_generate;
 mod cmd_plan;
@@ -25,6 +26,8 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Stored experiments and their results.
     Experiments(cmd_experiments::ExperimentsArgs),
+    /// Run every variant of an experiment over a dataset, score the answers, compare with control.
+    Eval(cmd_eval::EvalArgs),
 }
 
 fn main() {
@@ -42,6 +45,7 @@ fn main() {
         Command::Generate(a) => cmd_generate::run(a),
         Command::Serve(a) => cmd_serve::run(a),
         Command::Experiments(a) => cmd_experiments::run(a),
+        Command::Eval(a) => cmd_eval::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

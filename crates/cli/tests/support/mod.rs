@@ -28,6 +28,14 @@ static GATE: (std::sync::Mutex<bool>, std::sync::Condvar) = (std::sync::Mutex::n
 
 struct Turn;
 
+/// Holds the same turn as a running server, for tests that load the model in another process
+/// (`abserve eval` in-process). Drop it before starting a server in the same test.
+pub struct Exclusive(#[allow(dead_code)] Turn);
+
+pub fn exclusive() -> Exclusive {
+    Exclusive(Turn::take())
+}
+
 impl Turn {
     fn take() -> Turn {
         let mut busy = GATE.0.lock().unwrap_or_else(|e| e.into_inner());

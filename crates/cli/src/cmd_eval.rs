@@ -1,0 +1,124 @@
+//! `abserve eval`: every variant of an experiment over every row of a dataset, on the engine
+//! in this process (`--model`) or any OpenAI-compatible endpoint (`--url`), with scorers,
+//! paired statistics and a report. Everything is checked before any model work starts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use abserve_engine::Engine;
+use abserve_eval::analysis::{summarize_run, table};
+use abserve_eval::config::{EvalConfig, ScorerKind};
+use abserve_eval::dataset::Dataset;
+use abserve_eval::runner::{self, Options};
+use abserve_eval::target::{Http, Target};
+use abserve_eval::{report_html, report_md};
+use anyhow::Context;
+use clap::Args;
+
+use crate::args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Experiment file: one [[experiment]] with its variants, plus [[scorer]] tables.
+    pub experiment: PathBuf,
+    /// Inputs: JSONL (one object per line) or CSV with a header; needs an `input` field.
+    #[arg(long)]
+    pub dataset: PathBuf,
+    /// Where results.jsonl, judgments.jsonl, summary.json and the reports go. A rerun with the
+    /// same folder resumes: answers already there are not asked again.
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// An OpenAI-compatible endpoint instead of the in-process engine
+    /// (abserve, vLLM, llama.cpp server, https://api.openai.com).
+    #[arg(long, conflicts_with = "model")]
+    pub url: Option<String>,
+    /// Model name at --url (default: the first of its /v1/models).
+    #[arg(long, requires = "url")]
+    pub remote_model: Option<String>,
+    /// Environment variable that holds the API key for --url.
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    pub api_key_env: String,
+    /// Requests in flight for an endpoint that does not report its capacity (not abserve).
+    #[arg(short = 'j', long = "jobs", default_value_t = 4)]
+    pub jobs: usize,
+    /// Requests in flight, overriding the capacity from the memory plan or /ready.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Give a row up after this many 429 answers in a row.
+    #[arg(long, default_value_t = 30)]
+    pub max_retries: u32,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn run(a: EvalArgs) -> anyhow::Result<()> {
+    // all checks before any model work
+    let cfg = EvalConfig::load(&a.experiment).map_err(anyhow::Error::msg)?;
+    let mut ds = Dataset::load(&a.dataset).map_err(anyhow::Error::msg)?;
+    runner::check(&cfg, &mut ds).map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
+    for b in &ds.bad {
+        eprintln!("eval: {} line {}: {} (left out)", a.dataset.display(), b.line, b.reason);
+    }
+    if a.jobs == 0 || a.concurrency == Some(0) {
+        anyhow::bail!("-j and --concurrency must be at least 1");
+    }
+    let key = std::env::var(&a.api_key_env).ok().filter(|k| !k.is_empty());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let target = match &a.url {
+            Some(url) => Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await.map_err(anyhow::Error::msg)?),
+            None => {
+                let engine_cfg = a.model.engine_config()?;
+                let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
+                Target::Engine(Arc::new(engine))
+            }
+        };
+        let target = Arc::new(target);
+        let judge_target = match cfg.judge().map(|s| &s.kind) {
+            Some(ScorerKind::Judge { url: Some(u), model, .. }) => {
+                Some(Arc::new(Target::Http(Http::connect(u, key.clone(), model.clone()).await.map_err(anyhow::Error::msg)?)))
+            }
+            _ => None,
+        };
+        let opts = Options { out: a.out.clone(), fallback_concurrency: a.jobs, concurrency: a.concurrency, max_overloaded: a.max_retries };
+        eprintln!(
+            "eval: {} rows × {} variants ({}) on {}",
+            ds.rows.len(),
+            cfg.experiment.variants.len(),
+            cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", "),
+            target.describe()
+        );
+        let outcome = runner::run(&cfg, &ds, target.clone(), judge_target, &opts).await.map_err(anyhow::Error::msg)?;
+        let mut s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments);
+        s.target = target.describe();
+        s.concurrency = outcome.capacity.concurrency;
+        s.concurrency_source = outcome.capacity.source.clone();
+        s.wall_seconds = outcome.wall.as_secs_f64();
+        s.peak_memory_bytes = match &*target {
+            Target::Engine(_) => Some(abserve_engine::plan::peak_rss()),
+            Target::Http(_) => outcome.peak_memory,
+        };
+        let out = &a.out;
+        std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&s)?).context("writing summary.json")?;
+        std::fs::write(out.join("report.md"), report_md::render(&s)).context("writing report.md")?;
+        let html = report_html::render(&s, &ds, &outcome.results, &outcome.judgments).map_err(anyhow::Error::msg)?;
+        std::fs::write(out.join("report.html"), html).context("writing report.html")?;
+        println!("{}", table(&s));
+        let answered: usize = s.variants.iter().map(|v| v.answered).sum();
+        let failed: usize = s.variants.iter().map(|v| v.errors).sum();
+        println!(
+            "{answered} answers ({} asked now, {} from an earlier run), {failed} failed; {} tokens; this run took {:.1} s at {} concurrent ({})",
+            outcome.generated_now,
+            outcome.skipped_done,
+            s.generated_tokens,
+            s.wall_seconds,
+            s.concurrency,
+            s.concurrency_source
+        );
+        println!("report: {}  (also summary.json, report.md, results.jsonl)", out.join("report.html").display());
+        if answered == 0 {
+            anyhow::bail!("every answer failed; first error: {}", s.errors.first().map(String::as_str).unwrap_or("unknown"));
+        }
+        Ok(())
+    })
+}

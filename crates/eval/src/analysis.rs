@@ -1,0 +1,305 @@
+//! Turns a run's rows into its summary: per variant and scorer the mean with a 95% CI, latency
+//! percentiles, and against control the paired difference on the rows both answered, with the
+//! test that fits the score (paired t, McNemar, sign test for the judge).
+
+use std::collections::BTreeMap;
+
+use abserve_ab::paired::{mcnemar, paired_t, quantile, sign_test};
+use abserve_ab::stats::summarize;
+use serde::Serialize;
+
+use crate::config::{Better, EvalConfig, ScoreType};
+use crate::dataset::{BadRow, Dataset};
+use crate::results::{Judgment, ResultRow};
+use crate::runner::tally;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScoreSummary {
+    pub n: usize,
+    pub mean: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantSummary {
+    pub id: String,
+    pub control: bool,
+    pub answered: usize,
+    pub errors: usize,
+    pub latency_p50_ms: f64,
+    pub latency_p95_ms: f64,
+    pub ttft_p50_ms: f64,
+    pub mean_completion_tokens: f64,
+    pub scores: BTreeMap<String, ScoreSummary>,
+    /// Latencies (ms) of every answer, for the report's distribution chart.
+    pub latencies_ms: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub variant: String,
+    pub scorer: String,
+    pub score_type: ScoreType,
+    pub better: Better,
+    /// "paired_t", "mcnemar" or "sign".
+    pub test: String,
+    pub pairs: usize,
+    /// Variant − control (mean of paired differences; for the judge, win rate − 0.5).
+    pub diff: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub p_value: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wins: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub losses: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ties: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub win_rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScorerInfo {
+    pub name: String,
+    pub score_type: ScoreType,
+    pub better: Better,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub experiment: String,
+    pub control: String,
+    pub target: String,
+    pub concurrency: usize,
+    pub concurrency_source: String,
+    pub rows: usize,
+    pub variants: Vec<VariantSummary>,
+    pub scorers: Vec<ScorerInfo>,
+    pub comparisons: Vec<Comparison>,
+    pub skipped_rows: Vec<BadRow>,
+    pub errors: Vec<String>,
+    pub generated_tokens: u64,
+    pub wall_seconds: f64,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// Wilson score interval (95%) of a pass rate: stays inside [0, 1] and is sensible at 0 or n.
+pub fn wilson(p: f64, n: usize) -> (f64, f64) {
+    if n == 0 || !p.is_finite() {
+        return (f64::NAN, f64::NAN);
+    }
+    let (z, n) = (1.959963984540054f64, n as f64);
+    let denom = 1.0 + z * z / n;
+    let centre = (p + z * z / (2.0 * n)) / denom;
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+fn nan_to(x: f64, d: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        d
+    }
+}
+
+/// Everything but the run's facts (target, concurrency, timing), which the caller fills in.
+pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String, String), ResultRow>, judgments: &BTreeMap<(String, String), Judgment>) -> Summary {
+    let control = cfg.control().to_string();
+    let plain: Vec<_> = cfg.scorers.iter().filter(|s| s.score_type() != ScoreType::Preference).collect();
+    let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
+    let mut variants = Vec::new();
+    let mut errors = Vec::new();
+    for v in &cfg.experiment.variants {
+        let rs: Vec<&ResultRow> = ds.rows.iter().filter_map(|r| get(&r.id, &v.id)).collect();
+        let ok: Vec<&&ResultRow> = rs.iter().filter(|r| r.ok()).collect();
+        for r in rs.iter().filter(|r| !r.ok()) {
+            errors.push(format!("row {} (line {}) × {}: {}", r.row, r.line, r.variant, r.error.as_deref().unwrap_or("no output")));
+        }
+        let lat: Vec<f64> = ok.iter().filter_map(|r| r.latency_ms).collect();
+        let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
+        let toks: Vec<f64> = ok.iter().map(|r| r.completion_tokens as f64).collect();
+        let mut scores = BTreeMap::new();
+        for s in &plain {
+            let xs: Vec<f64> = ok.iter().filter_map(|r| r.scores.get(&s.name).copied()).collect();
+            let m = summarize(&xs);
+            let (lo, hi) = if s.score_type() == ScoreType::Binary {
+                wilson(m.mean, m.n)
+            } else {
+                (nan_to(m.ci_low, m.mean), nan_to(m.ci_high, m.mean))
+            };
+            scores.insert(s.name.clone(), ScoreSummary { n: m.n, mean: m.mean, ci_low: lo, ci_high: hi });
+        }
+        variants.push(VariantSummary {
+            id: v.id.clone(),
+            control: v.id == control,
+            answered: ok.len(),
+            errors: rs.len() - ok.len(),
+            latency_p50_ms: quantile(&lat, 0.5),
+            latency_p95_ms: quantile(&lat, 0.95),
+            ttft_p50_ms: quantile(&ttft, 0.5),
+            mean_completion_tokens: summarize(&toks).mean,
+            scores,
+            latencies_ms: lat,
+        });
+    }
+    let mut comparisons = Vec::new();
+    for v in cfg.experiment.variants.iter().filter(|v| v.id != control) {
+        for s in &cfg.scorers {
+            let base = Comparison {
+                variant: v.id.clone(),
+                scorer: s.name.clone(),
+                score_type: s.score_type(),
+                better: s.better(),
+                test: String::new(),
+                pairs: 0,
+                diff: f64::NAN,
+                ci_low: f64::NAN,
+                ci_high: f64::NAN,
+                p_value: f64::NAN,
+                wins: None,
+                losses: None,
+                ties: None,
+                win_rate: None,
+            };
+            if s.score_type() == ScoreType::Preference {
+                let (w, l, t) = tally(judgments, &v.id);
+                let st = sign_test(w, l, t);
+                // Wilson-free simple CI of the win rate among decided pairs (normal approximation)
+                let n = (w + l) as f64;
+                let half = if n > 0.0 { 1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt() } else { f64::NAN };
+                comparisons.push(Comparison {
+                    test: "sign".into(),
+                    pairs: (w + l + t) as usize,
+                    diff: st.win_rate - 0.5,
+                    ci_low: st.win_rate - half - 0.5,
+                    ci_high: st.win_rate + half - 0.5,
+                    p_value: st.p_value,
+                    wins: Some(w),
+                    losses: Some(l),
+                    ties: Some(t),
+                    win_rate: Some(st.win_rate),
+                    ..base
+                });
+                continue;
+            }
+            let mut c = Vec::new();
+            let mut t = Vec::new();
+            for row in &ds.rows {
+                let (Some(a), Some(b)) = (get(&row.id, &control), get(&row.id, &v.id)) else { continue };
+                if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
+                    if a.ok() && b.ok() {
+                        c.push(*x);
+                        t.push(*y);
+                    }
+                }
+            }
+            let pt = paired_t(&c, &t);
+            let n = c.len();
+            let mean_diff = if n > 0 { t.iter().zip(&c).map(|(y, x)| y - x).sum::<f64>() / n as f64 } else { f64::NAN };
+            let (lo, hi) = pt.map(|p| (p.ci_low, p.ci_high)).unwrap_or((mean_diff, mean_diff));
+            if s.score_type() == ScoreType::Binary {
+                let m = mcnemar(&c.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(), &t.iter().map(|x| *x >= 0.5).collect::<Vec<_>>());
+                comparisons.push(Comparison { test: "mcnemar".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: m.p_value, ..base });
+            } else {
+                let p = pt.map(|p| p.p_value).unwrap_or(if n > 0 { 1.0 } else { f64::NAN });
+                comparisons.push(Comparison { test: "paired_t".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: p, ..base });
+            }
+        }
+    }
+    Summary {
+        experiment: cfg.experiment.name.clone(),
+        control,
+        target: String::new(),
+        concurrency: 0,
+        concurrency_source: String::new(),
+        rows: ds.rows.len(),
+        variants,
+        scorers: cfg.scorers.iter().map(|s| ScorerInfo { name: s.name.clone(), score_type: s.score_type(), better: s.better() }).collect(),
+        comparisons,
+        skipped_rows: ds.bad.clone(),
+        errors,
+        generated_tokens: results.values().map(|r| r.completion_tokens).sum(),
+        wall_seconds: 0.0,
+        peak_memory_bytes: None,
+    }
+}
+
+/// The terminal table: one line per variant.
+pub fn table(s: &Summary) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    let mut header = vec!["variant".to_string(), "answered".into(), "p50 ms".into(), "p95 ms".into()];
+    for sc in &s.scorers {
+        header.push(match sc.score_type {
+            ScoreType::Preference => format!("{} win rate", sc.name),
+            _ => sc.name.clone(),
+        });
+    }
+    t.set_header(header);
+    for v in &s.variants {
+        let mut line = vec![
+            if v.control { format!("{} (control)", v.id) } else { v.id.clone() },
+            format!("{}{}", v.answered, if v.errors > 0 { format!(" ({} errors)", v.errors) } else { String::new() }),
+            format!("{:.0}", v.latency_p50_ms),
+            format!("{:.0}", v.latency_p95_ms),
+        ];
+        for sc in &s.scorers {
+            let cmp = s.comparisons.iter().find(|c| c.variant == v.id && c.scorer == sc.name);
+            let cell = match (sc.score_type, v.scores.get(&sc.name)) {
+                (ScoreType::Preference, _) => match cmp {
+                    Some(c) => format!("{:.0}% (W{} L{} T{}, p={})", c.win_rate.unwrap_or(f64::NAN) * 100.0, c.wins.unwrap_or(0), c.losses.unwrap_or(0), c.ties.unwrap_or(0), fmt_p(c.p_value)),
+                    None => "—".into(),
+                },
+                (_, Some(m)) => {
+                    let mut cell = format!("{} [{}, {}]", fmt_num(m.mean), fmt_num(m.ci_low), fmt_num(m.ci_high));
+                    if let Some(c) = cmp {
+                        cell.push_str(&format!("\nΔ {}{} p={}", if c.diff >= 0.0 { "+" } else { "" }, fmt_num(c.diff), fmt_p(c.p_value)));
+                    }
+                    cell
+                }
+                (_, None) => "—".into(),
+            };
+            line.push(cell);
+        }
+        t.add_row(line);
+    }
+    t.to_string()
+}
+
+pub fn fmt_num(x: f64) -> String {
+    if !x.is_finite() {
+        "—".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+pub fn fmt_p(p: f64) -> String {
+    if !p.is_finite() {
+        "—".into()
+    } else if p < 0.001 {
+        "<0.001".into()
+    } else {
+        format!("{p:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn wilson_matches_statsmodels() {
+        // statsmodels.stats.proportion.proportion_confint(3, 8, method="wilson")
+        let (lo, hi) = super::wilson(3.0 / 8.0, 8);
+        assert!((lo - 0.13684).abs() < 1e-4 && (hi - 0.69425).abs() < 1e-4, "{lo} {hi}");
+        let (lo, hi) = super::wilson(0.0, 10);
+        assert_eq!(lo, 0.0);
+        assert!((hi - 0.27753).abs() < 1e-4, "{hi}");
+    }
+}
