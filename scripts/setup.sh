@@ -10,6 +10,8 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null || need+=(libclang-dev)
 # promtool checks the /metrics output in the tests
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# headless Chromium renders abserve eval's HTML report in the tests
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   sudo=""

@@ -4,6 +4,7 @@ mod args;
 mod cmd_eval;
 mod cmd_experiments;
 mod cmd_generate;
+mod cmd_loadtest;
 mod cmd_plan;
 mod cmd_serve;
 
@@ -28,6 +29,8 @@ enum Command {
     Experiments(cmd_experiments::ExperimentsArgs),
     /// Run every variant of an experiment over a dataset, score the answers, compare with control.
     Eval(cmd_eval::EvalArgs),
+    /// Drive an OpenAI-compatible server with load; --assert-no-oom is the CI check.
+    Loadtest(cmd_loadtest::LoadtestArgs),
 }
 
 fn main() {
@@ -46,6 +49,10 @@ fn main() {
         Command::Serve(a) => cmd_serve::run(a),
         Command::Experiments(a) => cmd_experiments::run(a),
         Command::Eval(a) => cmd_eval::run(a),
+        Command::Loadtest(a) => match cmd_loadtest::run(a) {
+            Ok(code) => std::process::exit(code),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

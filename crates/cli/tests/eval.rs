@@ -238,3 +238,31 @@ fn bad_input_is_refused_before_any_model_work_and_bad_rows_are_skipped() {
     let skipped: Vec<u64> = s["skipped_rows"].as_array().unwrap().iter().map(|b| b["line"].as_u64().unwrap()).collect();
     assert_eq!(skipped, [2, 4]);
 }
+
+#[test]
+fn answers_429_are_retried_until_every_row_is_done() {
+    // one sequence at a time and no waiting room: most of 6 concurrent requests get 429
+    let server = Server::start(&["--max-sequences", "1", "--max-queue", "0"]);
+    let dir = tmp("retry");
+    let cfg = dir.join("mini.toml");
+    std::fs::write(&cfg, MINI).unwrap();
+    let data = example_rows(&dir, 4);
+    let out = dir.join("out");
+    let o = eval(&[
+        cfg.display().to_string(),
+        "--dataset".into(),
+        data.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--url".into(),
+        server.base.clone(),
+        "--concurrency".into(),
+        "6".into(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_complete(&out, 4, &["a", "b"]);
+    let retried = lines(&out.join("results.jsonl")).iter().filter(|r| r["attempts"].as_u64().unwrap() > 1).count();
+    assert!(retried > 0, "some requests were turned away and asked again");
+    let m = tokio::runtime::Runtime::new().unwrap().block_on(async { reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap() });
+    assert!(support::metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap_or(0.0) > 0.0, "{m}");
+}

@@ -341,6 +341,12 @@ impl Scheduler {
                 Ok(false) => {
                     // llama.cpp found no contiguous slot: free the newest sequence and retry
                     tracing::debug!("no KV slot for the batch; preempting");
+                    if !self.cfg.admission_control {
+                        // what a server without a memory plan does: the batch fails
+                        self.fail_batch(be, &plan, "out of memory: no free KV cache cells for the batch (admission control is off)");
+                        self.publish();
+                        return true;
+                    }
                     if self.running.len() <= 1 {
                         self.fail_batch(be, &plan, "no KV cache slot for a single sequence");
                         self.publish();

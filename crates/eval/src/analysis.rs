@@ -250,13 +250,13 @@ pub fn table(s: &Summary) -> String {
             let cmp = s.comparisons.iter().find(|c| c.variant == v.id && c.scorer == sc.name);
             let cell = match (sc.score_type, v.scores.get(&sc.name)) {
                 (ScoreType::Preference, _) => match cmp {
-                    Some(c) => format!("{:.0}% (W{} L{} T{}, p={})", c.win_rate.unwrap_or(f64::NAN) * 100.0, c.wins.unwrap_or(0), c.losses.unwrap_or(0), c.ties.unwrap_or(0), fmt_p(c.p_value)),
+                    Some(c) => format!("{:.0}% (W{} L{} T{}, {})", c.win_rate.unwrap_or(f64::NAN) * 100.0, c.wins.unwrap_or(0), c.losses.unwrap_or(0), c.ties.unwrap_or(0), p_is(c.p_value)),
                     None => "—".into(),
                 },
                 (_, Some(m)) => {
                     let mut cell = format!("{} [{}, {}]", fmt_num(m.mean), fmt_num(m.ci_low), fmt_num(m.ci_high));
                     if let Some(c) = cmp {
-                        cell.push_str(&format!("\nΔ {}{} p={}", if c.diff >= 0.0 { "+" } else { "" }, fmt_num(c.diff), fmt_p(c.p_value)));
+                        cell.push_str(&format!("\nΔ {}{} {}", if c.diff >= 0.0 { "+" } else { "" }, fmt_num(c.diff), p_is(c.p_value)));
                     }
                     cell
                 }
@@ -278,6 +278,16 @@ pub fn fmt_num(x: f64) -> String {
         format!("{x:.1}")
     } else {
         format!("{x:.3}")
+    }
+}
+
+/// "p=0.123" or "p<0.001".
+pub fn p_is(p: f64) -> String {
+    let f = fmt_p(p);
+    if f.starts_with('<') {
+        format!("p{f}")
+    } else {
+        format!("p={f}")
     }
 }
 

@@ -23,16 +23,26 @@ fn color(i: usize) -> &'static str {
     COLORS[i % COLORS.len()]
 }
 
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    let p = 10f64.powf(raw.max(1e-9).log10().floor());
+    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * p).find(|s| *s >= raw).unwrap_or(10.0 * p)
+}
+
 /// Box plot (p5–p95 whiskers, quartile box, median line) with every answer as a dot.
 fn latency_chart(s: &Summary) -> String {
     let (w, left, row_h) = (720.0, 140.0, 44.0);
     let h = 40.0 + row_h * s.variants.len() as f64;
-    let max = s.variants.iter().flat_map(|v| v.latencies_ms.iter().copied()).fold(1.0f64, f64::max) * 1.05;
-    let x = |ms: f64| left + (w - left - 20.0) * ms / max;
+    let top = s.variants.iter().flat_map(|v| v.latencies_ms.iter().copied()).fold(1.0f64, f64::max);
+    let step = nice_step(top / 4.0);
+    let max = (top / step).ceil() * step;
+    let x = |ms: f64| left + (w - left - 30.0) * ms / max;
     let mut o = format!(r#"<svg id="latency-chart" class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="Latency distribution per variant">"#);
-    for k in 0..=4 {
-        let ms = max * k as f64 / 4.0;
-        o.push_str(&format!(r##"<line x1="{0:.1}" x2="{0:.1}" y1="10" y2="{1:.1}" stroke="#ddd"/><text x="{0:.1}" y="{2:.1}" font-size="11" text-anchor="middle" fill="#555">{3:.0} ms</text>"##, x(ms), h - 22.0, h - 8.0, ms));
+    let mut tick = 0.0;
+    while tick <= max + 1e-9 {
+        let label = if max >= 2000.0 { format!("{} s", tick / 1e3) } else { format!("{tick:.0} ms") };
+        o.push_str(&format!(r##"<line x1="{0:.1}" x2="{0:.1}" y1="10" y2="{1:.1}" stroke="#ddd"/><text x="{0:.1}" y="{2:.1}" font-size="11" text-anchor="middle" fill="#555">{3}</text>"##, x(tick), h - 22.0, h - 8.0, label));
+        tick += step;
     }
     for (i, v) in s.variants.iter().enumerate() {
         let cy = 30.0 + row_h * i as f64;

@@ -29,6 +29,7 @@ pub struct Metrics {
     generated_tokens: IntCounter,
     experiment_kv: IntGaugeVec,
     experiment_kv_peak: IntGaugeVec,
+    peak_resident: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -105,6 +106,7 @@ impl Metrics {
             experiment_kv,
             experiment_kv_peak,
             kv_tokens_used: gauge("abserve_kv_tokens_used", "KV cache cells in use"),
+            peak_resident: gauge("abserve_memory_peak_resident_bytes", "Most resident memory the process has held (VmHWM)"),
             running: gauge("abserve_requests_running", "Sequences in the running batch"),
             waiting: gauge("abserve_requests_waiting", "Sequences waiting for admission"),
             preemptions: counter("abserve_preemptions_total", "Sequences preempted to free KV cells"),
@@ -148,6 +150,7 @@ impl Metrics {
     /// Copies the engine's counters into the registry and renders the text format.
     pub fn render(&self) -> String {
         let s = self.stats.snapshot();
+        self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
         self.kv_tokens_used.set(s.kv_tokens_used as i64);
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);

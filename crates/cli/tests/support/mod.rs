@@ -102,7 +102,16 @@ impl Server {
                 dir.display().to_string()
             }
         };
-        args.extend(extra.iter().map(|s| s.to_string()));
+        // a flag followed by "-" drops that default instead of setting it
+        let mut i = 0;
+        while i < extra.len() {
+            if extra.get(i + 1) == Some(&"-") {
+                i += 2;
+                continue;
+            }
+            args.push(extra[i].to_string());
+            i += 1;
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
             .args(&args)
             .env("ABSERVE_LOG", "info")

@@ -1,0 +1,240 @@
+//! Sends the load: a closed loop of C clients or an open loop of Poisson arrivals, bounded by a
+//! duration and/or a request count. Requests that are in flight when the bound is reached finish
+//! (each within its timeout); nothing runs unbounded.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp};
+use serde_json::{json, Value};
+
+use crate::client::{Class, Client, Record};
+use crate::dist::Dist;
+use crate::report::{Report, RunFacts};
+use crate::scrape::{Sample, Scraper};
+
+#[derive(Debug, Clone)]
+pub enum Workload {
+    /// `model = experiment:NAME`, a fresh unit per request: the server assigns variants.
+    Experiment(String),
+    /// N prompt variants (distinct system prompts), request i goes to variant i mod N.
+    Variants(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Mode {
+    Closed { concurrency: usize },
+    Open { rate: f64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub url: String,
+    pub key: Option<String>,
+    pub model: Option<String>,
+    pub workload: Workload,
+    pub mode: Mode,
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub prompt_tokens: Dist,
+    pub max_tokens: Dist,
+    pub stream: bool,
+    pub ignore_eos: bool,
+    pub timeout: Duration,
+    /// After the load, how long to wait for the server to drain (KV and queue back to zero).
+    pub settle: Duration,
+    pub seed: u64,
+    /// Open loop: most requests in flight at once (arrivals wait beyond it).
+    pub max_inflight: usize,
+}
+
+const WORDS: &[&str] = &[
+    "the", "river", "light", "morning", "city", "garden", "window", "story", "music", "winter", "market", "quiet", "road", "friend", "table",
+    "summer", "paper", "voice", "mountain", "letter", "bridge", "train", "coffee", "forest", "ocean", "little", "old", "green", "bright",
+    "slow", "warm", "house", "dream", "stone", "cloud", "field", "yellow", "glass", "sound", "evening", "people", "walked", "found", "left",
+    "under", "over", "near", "across", "every", "small", "long", "white", "blue", "dark", "open", "door", "song", "book", "path", "rain",
+];
+
+fn user_text(rng: &mut impl Rng, words: u32) -> String {
+    let mut s = String::from("Continue this text:");
+    for _ in 0..words {
+        s.push(' ');
+        s.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
+    }
+    s
+}
+
+/// The chat body of request number `i` (without `stream`).
+pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> Value {
+    let words = cfg.prompt_tokens.sample(rng);
+    let mut b = json!({
+        "max_tokens": cfg.max_tokens.sample(rng),
+        "temperature": 0.8,
+        "seed": i,
+    });
+    match &cfg.workload {
+        Workload::Experiment(name) => {
+            b["model"] = json!(format!("experiment:{name}"));
+            b["user"] = json!(format!("loadtest-{}", rng.gen::<u64>()));
+            b["messages"] = json!([{"role": "user", "content": user_text(rng, words)}]);
+        }
+        Workload::Variants(n) => {
+            let v = i % (*n as u64).max(1);
+            b["model"] = json!(model);
+            b["messages"] = json!([
+                {"role": "system", "content": format!("You are assistant variant {v}. Write in style number {v}.")},
+                {"role": "user", "content": user_text(rng, words)},
+            ]);
+        }
+    }
+    if cfg.ignore_eos {
+        b["ignore_eos"] = json!(true);
+    }
+    b
+}
+
+async fn first_model(c: &Client) -> Result<String, String> {
+    let mut r = c.http.get(format!("{}/v1/models", c.url));
+    if let Some(k) = &c.key {
+        r = r.bearer_auth(k);
+    }
+    let v: Value = r.send().await.map_err(|e| format!("cannot reach {}: {e}", c.url))?.json().await.map_err(|e| e.to_string())?;
+    v["data"][0]["id"].as_str().map(String::from).ok_or_else(|| format!("{}/v1/models lists no model; pass --model-name", c.url))
+}
+
+pub async fn run(cfg: Config) -> Result<Report, String> {
+    if cfg.duration.is_none() && cfg.requests.is_none() {
+        return Err("give --duration or --requests (or both): a load test is bounded".into());
+    }
+    let base = {
+        let u = cfg.url.trim_end_matches('/');
+        u.strip_suffix("/v1").unwrap_or(u).to_string()
+    };
+    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build().map_err(|e| e.to_string())?;
+    let client = Arc::new(Client { http: http.clone(), url: base.clone(), key: cfg.key.clone(), timeout: cfg.timeout });
+    let model = match (&cfg.workload, &cfg.model) {
+        (Workload::Experiment(_), _) => String::new(),
+        (_, Some(m)) => m.clone(),
+        _ => first_model(&client).await?,
+    };
+    let scraper = Arc::new(Scraper::new(http.clone(), &base, cfg.key.clone()));
+    let before = scraper.fetch().await;
+    let t0 = Instant::now();
+    let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = before.as_ref().map(|_| scraper.clone().spawn(t0, samples.clone(), stop_sampling.clone()));
+
+    let records = Arc::new(Mutex::new(Vec::<Record>::new()));
+    let issued = Arc::new(AtomicU64::new(0));
+    let deadline = cfg.duration.map(|d| t0 + d);
+    let more = {
+        let issued = issued.clone();
+        let cfg = cfg.clone();
+        move || -> Option<u64> {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            let i = issued.fetch_add(1, Ordering::SeqCst);
+            if cfg.requests.is_some_and(|k| i >= k) {
+                return None;
+            }
+            Some(i)
+        }
+    };
+    let cfg = Arc::new(cfg);
+    match cfg.mode {
+        Mode::Closed { concurrency } => {
+            let mut tasks = Vec::new();
+            for w in 0..concurrency.max(1) {
+                let (client, cfg, records, more, model) = (client.clone(), cfg.clone(), records.clone(), more.clone(), model.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15));
+                    while let Some(i) = more() {
+                        let rec = client.send(body(&cfg, &model, i, &mut rng), cfg.stream, t0).await;
+                        // a turned-away client waits as told (at most a second) before its next request
+                        let pause = (rec.class == Class::Http429).then(|| rec.retry_after.unwrap_or(0.1).clamp(0.05, 1.0));
+                        records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+                        if let Some(p) = pause {
+                            tokio::time::sleep(Duration::from_secs_f64(p)).await;
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.map_err(|e| e.to_string())?;
+            }
+        }
+        Mode::Open { rate } => {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(format!("--rate must be a positive number of requests per second, got {rate}"));
+            }
+            let exp = Exp::new(rate).map_err(|e| e.to_string())?;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed);
+            let gate = Arc::new(tokio::sync::Semaphore::new(cfg.max_inflight.max(1)));
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut next = Instant::now();
+            while let Some(i) = more() {
+                tokio::time::sleep_until(next.into()).await;
+                next += Duration::from_secs_f64(exp.sample(&mut rng));
+                let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+                let b = body(&cfg, &model, i, &mut rng);
+                let (client, records, stream) = (client.clone(), records.clone(), cfg.stream);
+                tasks.spawn(async move {
+                    let rec = client.send(b, stream, t0).await;
+                    records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+                    drop(permit);
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+    let load_seconds = t0.elapsed().as_secs_f64();
+
+    // let the server drain, then take the final sample and its counters
+    let mut after = None;
+    if before.is_some() {
+        let until = Instant::now() + cfg.settle;
+        loop {
+            let m = scraper.fetch().await;
+            let idle = m.as_ref().is_some_and(|m| {
+                let s = Scraper::sample(m, 0.0);
+                s.kv_tokens_used == 0.0 && s.running == 0.0 && s.waiting == 0.0
+            });
+            if idle || Instant::now() >= until {
+                if let Some(m) = &m {
+                    samples.lock().unwrap_or_else(|e| e.into_inner()).push(Scraper::sample(m, t0.elapsed().as_secs_f64()));
+                }
+                after = m;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stop_sampling.store(true, Ordering::Relaxed);
+    if let Some(s) = sampler {
+        let _ = s.await;
+    }
+    let records = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(Report::build(
+        RunFacts {
+            target: base,
+            mode: match cfg.mode {
+                Mode::Closed { concurrency } => format!("closed loop, {concurrency} clients"),
+                Mode::Open { rate } => format!("open loop, {rate} requests/s (Poisson)"),
+            },
+            workload: match &cfg.workload {
+                Workload::Experiment(n) => format!("experiment:{n}"),
+                Workload::Variants(n) => format!("{n} variants"),
+            },
+            load_seconds,
+            stream: cfg.stream,
+        },
+        records,
+        samples,
+        before,
+        after,
+    ))
+}

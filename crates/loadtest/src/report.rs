@@ -1,0 +1,236 @@
+//! The outcome of a load test: counts by class, throughput, latency percentiles, memory and KV
+//! over time (abserve targets), the server's own counters for the same run, and the no-OOM
+//! verdict.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::client::{Class, Record};
+use crate::scrape::Sample;
+
+pub struct RunFacts {
+    pub target: String,
+    pub mode: String,
+    pub workload: String,
+    pub load_seconds: f64,
+    pub stream: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+fn pct(mut xs: Vec<f64>, scale: f64) -> Percentiles {
+    if xs.is_empty() {
+        return Percentiles::default();
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| {
+        let pos = p * (xs.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)) * scale
+    };
+    Percentiles { n: xs.len(), p50: q(0.5), p95: q(0.95), p99: q(0.99), max: xs[xs.len() - 1] * scale }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub peak_rss_bytes: f64,
+    /// The server's own high-water mark (VmHWM), which sampling cannot miss.
+    pub peak_rss_server_bytes: Option<f64>,
+    pub final_rss_bytes: f64,
+    pub peak_kv_tokens: f64,
+    pub final_kv_tokens: f64,
+    pub final_running: f64,
+    pub final_waiting: f64,
+    pub kv_tokens_total: Option<f64>,
+    pub planned_bytes: Option<f64>,
+    pub budget_bytes: Option<f64>,
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub target: String,
+    pub mode: String,
+    pub workload: String,
+    pub stream: bool,
+    pub load_seconds: f64,
+    pub sent: usize,
+    pub by_class: BTreeMap<String, usize>,
+    pub requests_per_second: f64,
+    pub generated_tokens: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens_per_second: f64,
+    pub ttft_ms: Percentiles,
+    pub latency_ms: Percentiles,
+    pub inter_token_ms: Percentiles,
+    /// abserve targets: what the server counted during the run (deltas of its /metrics).
+    pub server: Option<BTreeMap<String, f64>>,
+    pub memory: Option<Memory>,
+    /// First few failure messages, by class.
+    pub examples: BTreeMap<String, Vec<String>>,
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn build(f: RunFacts, records: Vec<Record>, samples: Vec<Sample>, before: Option<BTreeMap<String, f64>>, after: Option<BTreeMap<String, f64>>) -> Report {
+        let mut by_class: BTreeMap<String, usize> = [Class::Ok, Class::Http429, Class::Http4xx, Class::Http5xx, Class::Timeout, Class::Connection, Class::Oom]
+            .iter()
+            .map(|c| (c.name().to_string(), 0))
+            .collect();
+        let mut examples: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in &records {
+            *by_class.entry(r.class.name().into()).or_default() += 1;
+            if let Some(m) = &r.message {
+                let e = examples.entry(r.class.name().into()).or_default();
+                if e.len() < 3 {
+                    e.push(m.clone());
+                }
+            }
+        }
+        let ok: Vec<&Record> = records.iter().filter(|r| r.class == Class::Ok).collect();
+        let generated: u64 = ok.iter().map(|r| r.completion_tokens).sum();
+        let secs = f.load_seconds.max(1e-9);
+        let server = match (&before, &after) {
+            (Some(b), Some(a)) => {
+                let d = |k: &str| a.get(k).copied().unwrap_or(0.0) - b.get(k).copied().unwrap_or(0.0);
+                let mut s = BTreeMap::new();
+                for (name, key) in [
+                    ("chat_200", "abserve_requests_total{endpoint=\"chat_completions\",status=\"200\"}"),
+                    ("chat_429", "abserve_requests_total{endpoint=\"chat_completions\",status=\"429\"}"),
+                    ("chat_500", "abserve_requests_total{endpoint=\"chat_completions\",status=\"500\"}"),
+                    ("chat_503", "abserve_requests_total{endpoint=\"chat_completions\",status=\"503\"}"),
+                    ("generated_tokens", "abserve_generated_tokens_total"),
+                    ("prompt_tokens", "abserve_prompt_tokens_total"),
+                    ("preemptions", "abserve_preemptions_total"),
+                    ("rejected_queue_full", "abserve_rejections_total{reason=\"queue_full\"}"),
+                    ("rejected_queue_timeout", "abserve_rejections_total{reason=\"queue_timeout\"}"),
+                ] {
+                    s.insert(name.to_string(), d(key));
+                }
+                Some(s)
+            }
+            _ => None,
+        };
+        let memory = after.as_ref().map(|a| {
+            let last = samples.last().copied().unwrap_or_default();
+            Memory {
+                peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
+                peak_rss_server_bytes: a.get("abserve_memory_peak_resident_bytes").copied(),
+                final_rss_bytes: last.rss_bytes,
+                peak_kv_tokens: samples.iter().map(|s| s.kv_tokens_used).fold(0.0, f64::max),
+                final_kv_tokens: last.kv_tokens_used,
+                final_running: last.running,
+                final_waiting: last.waiting,
+                kv_tokens_total: a.get("abserve_kv_tokens_total").copied(),
+                planned_bytes: ["weights", "kv", "compute"]
+                    .iter()
+                    .map(|c| a.get(&format!("abserve_memory_planned_bytes{{component=\"{c}\"}}")).copied())
+                    .sum(),
+                budget_bytes: a.get("abserve_memory_budget_bytes").copied(),
+                samples,
+            }
+        });
+        Report {
+            target: f.target,
+            mode: f.mode,
+            workload: f.workload,
+            stream: f.stream,
+            load_seconds: f.load_seconds,
+            sent: records.len(),
+            requests_per_second: ok.len() as f64 / secs,
+            generated_tokens: generated,
+            prompt_tokens: ok.iter().map(|r| r.prompt_tokens).sum(),
+            generated_tokens_per_second: generated as f64 / secs,
+            ttft_ms: pct(ok.iter().filter_map(|r| r.ttft).collect(), 1e3),
+            latency_ms: pct(ok.iter().map(|r| r.latency).collect(), 1e3),
+            inter_token_ms: pct(ok.iter().flat_map(|r| r.itl.iter().copied()).collect(), 1e3),
+            by_class,
+            server,
+            memory,
+            examples,
+            failures: Vec::new(),
+        }
+    }
+
+    pub fn count(&self, c: Class) -> usize {
+        self.by_class.get(c.name()).copied().unwrap_or(0)
+    }
+
+    /// The no-OOM verdict: any 5xx, OOM text, timeout or lost connection fails, and so does
+    /// memory above `max_memory` (the server's own high-water mark when it reports one). 429s
+    /// are allowed: pushing back is the point.
+    pub fn check_no_oom(&mut self, max_memory: Option<f64>) {
+        for (c, what) in [
+            (Class::Http5xx, "server errors (5xx)"),
+            (Class::Oom, "answers that mention running out of memory"),
+            (Class::Timeout, "timeouts"),
+            (Class::Connection, "lost connections"),
+        ] {
+            let n = self.count(c);
+            if n > 0 {
+                let ex = self.examples.get(c.name()).and_then(|e| e.first()).map(|m| format!(" (e.g. {m})")).unwrap_or_default();
+                self.failures.push(format!("{n} {what}{ex}"));
+            }
+        }
+        if let Some(limit) = max_memory {
+            match &self.memory {
+                Some(m) => {
+                    let peak = m.peak_rss_server_bytes.unwrap_or(0.0).max(m.peak_rss_bytes);
+                    if peak > limit {
+                        self.failures.push(format!("peak resident memory {peak:.0} B is above --max-memory {limit:.0} B"));
+                    }
+                }
+                None => self.failures.push("--max-memory needs an abserve target (its /metrics)".into()),
+            }
+        }
+    }
+
+    pub fn table(&self) -> String {
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+        t.set_header(vec!["", "value"]);
+        let mb = |b: f64| format!("{:.1} MB", b / 1e6);
+        let p = |x: &Percentiles| format!("p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  (n={})", x.p50, x.p95, x.p99, x.max, x.n);
+        t.add_row(vec!["target".into(), format!("{} ({}, {})", self.target, self.workload, self.mode)]);
+        t.add_row(vec!["requests".into(), format!("{} sent in {:.1} s", self.sent, self.load_seconds)]);
+        t.add_row(vec![
+            "outcome".into(),
+            self.by_class.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
+        ]);
+        t.add_row(vec!["throughput".into(), format!("{:.2} req/s, {:.1} generated tok/s", self.requests_per_second, self.generated_tokens_per_second)]);
+        t.add_row(vec!["TTFT ms".into(), p(&self.ttft_ms)]);
+        t.add_row(vec!["latency ms".into(), p(&self.latency_ms)]);
+        if self.stream {
+            t.add_row(vec!["inter-token ms".into(), p(&self.inter_token_ms)]);
+        }
+        if let Some(m) = &self.memory {
+            t.add_row(vec![
+                "memory".into(),
+                format!(
+                    "peak {} (server high-water {}), final {}; plan {}, budget {}",
+                    mb(m.peak_rss_bytes),
+                    m.peak_rss_server_bytes.map(mb).unwrap_or("?".into()),
+                    mb(m.final_rss_bytes),
+                    m.planned_bytes.map(mb).unwrap_or("?".into()),
+                    m.budget_bytes.map(mb).unwrap_or("?".into())
+                ),
+            ]);
+            t.add_row(vec![
+                "KV cells".into(),
+                format!("peak {:.0}, final {:.0} of {}", m.peak_kv_tokens, m.final_kv_tokens, m.kv_tokens_total.map(|k| format!("{k:.0}")).unwrap_or("?".into())),
+            ]);
+        }
+        if let Some(s) = &self.server {
+            t.add_row(vec!["server counted".into(), s.iter().filter(|(_, v)| **v != 0.0).map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", ")]);
+        }
+        t.to_string()
+    }
+}
