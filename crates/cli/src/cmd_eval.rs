@@ -104,6 +104,9 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         let html = report_html::render(&s, &ds, &outcome.results, &outcome.judgments).map_err(anyhow::Error::msg)?;
         std::fs::write(out.join("report.html"), html).context("writing report.html")?;
         println!("{}", table(&s));
+        if let Some(w) = abserve_eval::analysis::judge_warning(&s) {
+            println!("judge: {w}");
+        }
         let answered: usize = s.variants.iter().map(|v| v.answered).sum();
         let failed: usize = s.variants.iter().map(|v| v.errors).sum();
         println!(

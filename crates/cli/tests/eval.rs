@@ -108,6 +108,8 @@ fn example_experiment_in_process_and_against_a_server() {
     assert!(judged.iter().all(|j| j["verdict"].is_string()), "{judged:?}");
     let positions: BTreeSet<&str> = judged.iter().map(|j| j["variant_position"].as_str().unwrap()).collect();
     assert_eq!(positions.len(), 2, "the variant is shown first sometimes and second sometimes");
+    let first = s["judge_chose_first"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&first));
     // paired comparisons: 3 variants × 5 scorers
     assert_eq!(s["comparisons"].as_array().unwrap().len(), 15);
     let stdout = String::from_utf8_lossy(&o.stdout);

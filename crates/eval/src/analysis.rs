@@ -83,6 +83,21 @@ pub struct Summary {
     pub generated_tokens: u64,
     pub wall_seconds: f64,
     pub peak_memory_bytes: Option<u64>,
+    /// Share of judged pairs in which the judge picked the answer shown first ("A"). Far from
+    /// 0.5, its verdicts follow the position, not the answers (the randomised order then makes
+    /// the win rates drift to 50%).
+    pub judge_chose_first: Option<f64>,
+}
+
+/// A note on the judge when it mostly picks one position.
+pub fn judge_warning(s: &Summary) -> Option<String> {
+    let r = s.judge_chose_first?;
+    (!(0.2..=0.8).contains(&r)).then(|| {
+        format!(
+            "The judge picked the answer shown first in {:.0}% of pairs: its verdicts follow the position, not the answers, so win rates near 50% say nothing here. Use a stronger judge (url/model in the judge scorer).",
+            r * 100.0
+        )
+    })
 }
 
 /// Wilson score interval (95%) of a pass rate: stays inside [0, 1] and is sensible at 0 or n.
@@ -224,6 +239,10 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String,
         generated_tokens: results.values().map(|r| r.completion_tokens).sum(),
         wall_seconds: 0.0,
         peak_memory_bytes: None,
+        judge_chose_first: {
+            let letters: Vec<char> = judgments.values().filter_map(|j| j.reply.as_deref().and_then(crate::judge::choice)).collect();
+            (!letters.is_empty()).then(|| letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64)
+        },
     }
 }
 
@@ -303,6 +322,82 @@ pub fn fmt_p(p: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::config::EvalConfig;
+    use crate::dataset::Dataset;
+    use crate::results::{Judgment, ResultRow, Verdict};
+
+    #[test]
+    fn comparisons_are_paired_on_rows_both_answered() {
+        let cfg = EvalConfig::parse(
+            "[[experiment]]\nname='t'\n[[experiment.variants]]\nid='c'\n[[experiment.variants]]\nid='v'\n[[scorer]]\ntype='contains'\n[[scorer]]\ntype='length'\n[[scorer]]\ntype='judge'\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let text: String = (0..10).map(|i| format!("{{\"id\": \"r{i}\", \"input\": \"q\", \"expected\": \"x\"}}\n")).collect();
+        let ds = Dataset::from_jsonl(&text);
+        // control passes rows 0-5, the variant rows 3-9; row 9 of the variant failed outright
+        let mut results = BTreeMap::new();
+        for i in 0..10 {
+            for (v, pass) in [("c", i <= 5), ("v", i >= 3)] {
+                let mut r = ResultRow {
+                    row: format!("r{i}"),
+                    line: i + 1,
+                    variant: v.into(),
+                    input: "q".into(),
+                    expected: Some("x".into()),
+                    output: Some("out".into()),
+                    prompt_tokens: 1,
+                    completion_tokens: 2,
+                    ttft_ms: Some(1.0),
+                    latency_ms: Some(10.0 * (i + 1) as f64),
+                    finish_reason: Some("stop".into()),
+                    scores: [("contains".to_string(), if pass { 1.0 } else { 0.0 }), ("length".to_string(), i as f64 + if v == "v" { 2.0 } else { 0.0 })].into(),
+                    score_errors: Default::default(),
+                    error: None,
+                    attempts: 1,
+                };
+                if v == "v" && i == 9 {
+                    r.error = Some("boom".into());
+                    r.output = None;
+                }
+                results.insert((r.row.clone(), v.to_string()), r);
+            }
+        }
+        let judgments: BTreeMap<_, _> = (0..9)
+            .map(|i| {
+                let j = Judgment {
+                    row: format!("r{i}"),
+                    variant: "v".into(),
+                    control: "c".into(),
+                    variant_position: if i % 2 == 0 { "A" } else { "B" }.into(),
+                    reply: Some("A".into()),
+                    verdict: Some(if i % 2 == 0 { Verdict::Win } else { Verdict::Loss }),
+                    error: None,
+                };
+                ((j.row.clone(), j.variant.clone()), j)
+            })
+            .collect();
+        let s = super::summarize_run(&cfg, &ds, &results, &judgments);
+        assert_eq!(s.variants[1].answered, 9);
+        assert_eq!(s.variants[1].errors, 1);
+        let get = |name: &str| s.comparisons.iter().find(|c| c.scorer == name).unwrap();
+        let c = get("contains");
+        assert_eq!((c.test.as_str(), c.pairs), ("mcnemar", 9));
+        // pairs 0-8: control-only passes rows 0-2, variant-only rows 6-8
+        let m = abserve_ab::paired::mcnemar(&[true, true, true, true, true, true, false, false, false], &[false, false, false, true, true, true, true, true, true]);
+        assert_eq!(c.p_value, m.p_value);
+        assert!((c.diff - 0.0).abs() < 1e-12);
+        let l = get("length");
+        assert_eq!(l.test, "paired_t");
+        assert!((l.diff - 2.0).abs() < 1e-12 && (l.ci_low - 2.0).abs() < 1e-12, "constant difference: no spread");
+        let j = get("judge");
+        assert_eq!((j.wins, j.losses, j.ties), (Some(5), Some(4), Some(0)));
+        assert_eq!(s.judge_chose_first, Some(1.0));
+        assert!(super::judge_warning(&s).unwrap().contains("100%"));
+    }
+
     #[test]
     fn wilson_matches_statsmodels() {
         // statsmodels.stats.proportion.proportion_confint(3, 8, method="wilson")

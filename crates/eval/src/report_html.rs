@@ -216,6 +216,7 @@ pub fn render(s: &Summary, ds: &Dataset, results: &BTreeMap<(String, String), Re
                 winrate_chart => winrate_chart(s).map(minijinja::Value::from_safe_string),
                 rows => rows,
                 memory => s.peak_memory_bytes.map(abserve_engine::plan::human_bytes),
+                judge_warning => crate::analysis::judge_warning(s),
                 wall => format!("{:.1}", s.wall_seconds),
             })
         })

@@ -65,6 +65,9 @@ pub fn render(s: &Summary) -> String {
         };
         o.push_str(&format!("| {} | {} | {} | {} | {} | {} | {} |\n", c.variant, c.scorer, c.test, c.pairs, diff, fmt_p(c.p_value), better));
     }
+    if let Some(w) = crate::analysis::judge_warning(s) {
+        o.push_str(&format!("\n> **Judge:** {w}\n"));
+    }
     if !s.skipped_rows.is_empty() {
         o.push_str("\n## Dataset rows left out\n\n");
         for b in &s.skipped_rows {
