@@ -87,6 +87,8 @@ pub struct EngineStats {
     pub kv_tokens_peak: AtomicU64,
     /// Requests submitted and not yet finished (queued in the channel, waiting or running).
     pub inflight: AtomicU64,
+    /// Cells held only by cached prefixes of finished sequences (free on demand).
+    pub kv_tokens_cached: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
     pub groups: std::sync::Mutex<HashMap<String, (u64, u64)>>,
 }
@@ -168,6 +170,19 @@ impl Seq {
     }
 }
 
+/// A finished sequence whose computed KV stays in the cache for later requests that start with
+/// the same tokens (a variant's system prompt), until its cells or its slot are needed: then the
+/// least recently used goes first. llama.cpp's server does this per slot (`cache_prompt`), vLLM
+/// across requests (automatic prefix caching).
+struct Cached {
+    id: u64,
+    slot: i32,
+    /// Tokens whose KV the cells hold, position by position.
+    tokens: Vec<i32>,
+    cells: Vec<u32>,
+    last_used: u64,
+}
+
 #[derive(Default)]
 struct CellTable {
     refs: HashMap<u32, u32>,
@@ -212,6 +227,8 @@ pub struct Scheduler {
     stats: Arc<EngineStats>,
     observer: Option<StepObserver>,
     admissions: u64,
+    cache: Vec<Cached>,
+    clock: u64,
 }
 
 impl Scheduler {
@@ -228,6 +245,8 @@ impl Scheduler {
             stats,
             observer: None,
             admissions: 0,
+            cache: Vec::new(),
+            clock: 0,
         }
     }
 
@@ -243,8 +262,74 @@ impl Scheduler {
         self.running.is_empty() && self.waiting.is_empty()
     }
 
+    /// Every KV cell held, by running sequences and by cached prefixes.
     pub fn used_cells(&self) -> usize {
         self.cells.used()
+    }
+
+    /// Cells held by running sequences (cached prefixes excluded: they give way on demand).
+    pub fn active_cells(&self) -> usize {
+        let active: std::collections::HashSet<u32> = self.running.iter().flat_map(|s| s.cells.iter().copied()).collect();
+        active.len()
+    }
+
+    /// Finished sequences whose prefixes are kept.
+    pub fn cached_prefixes(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn caching(&self) -> bool {
+        self.cfg.admission_control && self.cfg.min_shared_prefix != usize::MAX
+    }
+
+    /// Keeps a finished sequence's computed prefix for later requests (see [`Cached`]).
+    fn keep_prefix<C: Compute>(&mut self, be: &mut C, mut s: Seq) -> Seq {
+        let Some(slot) = s.slot else { return self.release(be, s) };
+        if s.n_past < self.cfg.min_shared_prefix || s.share.is_some() {
+            return self.release(be, s);
+        }
+        let tokens = s.tokens[..s.n_past].to_vec();
+        // an older entry that this one extends is redundant (its cells are shared with this one)
+        while let Some(i) = self.cache.iter().position(|c| tokens.starts_with(&c.tokens)) {
+            let c = self.cache.swap_remove(i);
+            self.drop_cached(be, c);
+        }
+        self.clock += 1;
+        self.cache.push(Cached { id: s.id, slot, tokens, cells: std::mem::take(&mut s.cells), last_used: self.clock });
+        s.slot = None;
+        s.n_past = 0;
+        s
+    }
+
+    fn drop_cached<C: Compute>(&mut self, be: &mut C, c: Cached) {
+        be.remove_seq(c.slot);
+        self.free_slots.push(c.slot);
+        self.cells.release(&c.cells);
+    }
+
+    /// Drops the least recently used cached prefix (not `keep`); false when there is none.
+    fn evict_lru<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> bool {
+        let victim = self
+            .cache
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| Some(c.id) != keep)
+            .min_by_key(|(_, c)| c.last_used)
+            .map(|(i, _)| i);
+        match victim {
+            Some(i) => {
+                let c = self.cache.swap_remove(i);
+                self.drop_cached(be, c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every cached prefix.
+    pub fn clear_cache<C: Compute>(&mut self, be: &mut C) {
+        while self.evict_lru(be, None) {}
+        self.publish();
     }
 
     pub fn n_running(&self) -> usize {
@@ -312,8 +397,9 @@ impl Scheduler {
                 v.1 = v.1.max(v.0);
             }
         }
-        let used = self.cells.used() as u64;
+        let used = self.active_cells() as u64;
         self.stats.kv_tokens_used.store(used, Ordering::Relaxed);
+        self.stats.kv_tokens_cached.store(self.cells.used() as u64 - used, Ordering::Relaxed);
         self.stats.kv_tokens_peak.fetch_max(used, Ordering::Relaxed);
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
@@ -323,7 +409,7 @@ impl Scheduler {
     pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
         let t0 = Instant::now();
         self.reap_cancelled(be);
-        self.admit();
+        self.admit(be);
         if self.running.is_empty() {
             self.publish();
             return false;
@@ -338,6 +424,10 @@ impl Scheduler {
             }
             match be.decode() {
                 Ok(true) => break plan,
+                Ok(false) if self.evict_lru(be, None) => {
+                    // llama.cpp found no room: cached prefixes go first
+                    continue;
+                }
                 Ok(false) => {
                     // llama.cpp found no contiguous slot: free the newest sequence and retry
                     tracing::debug!("no KV slot for the batch; preempting");
@@ -457,21 +547,34 @@ impl Scheduler {
                 best = Some((r.id, l));
             }
         }
+        for c in &self.cache {
+            let common = c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+            let l = common.min(tokens.len() - 1);
+            if l >= self.cfg.min_shared_prefix && best.is_none_or(|(_, b)| l > b) {
+                best = Some((c.id, l));
+            }
+        }
         best
     }
 
-    fn admit(&mut self) {
-        while !self.waiting.is_empty() && !self.free_slots.is_empty() {
+    fn admit<C: Compute>(&mut self, be: &mut C) {
+        while !self.waiting.is_empty() {
+            if self.free_slots.is_empty() && !self.evict_lru(be, None) {
+                break;
+            }
             // None: every waiting request belongs to a group at its KV quota
             let Some(i) = self.next_candidate() else { break };
             let share = self.find_share(&self.waiting[i].tokens);
             let need = self.waiting[i].tokens.len() - share.map_or(0, |(_, l)| l);
             let watermark = self.running.len();
-            if self.cfg.admission_control
-                && !self.running.is_empty()
-                && self.demand() + need + watermark > self.cfg.kv_tokens
-            {
-                break;
+            if self.demand() + need + watermark > self.cfg.kv_tokens {
+                // cached prefixes give way first: the others, then the one this request would use
+                if self.evict_lru(be, share.map(|s| s.0)) || self.evict_lru(be, None) {
+                    continue;
+                }
+                if self.cfg.admission_control && !self.running.is_empty() {
+                    break;
+                }
             }
             let mut s = self.waiting.swap_remove(i);
             s.slot = self.free_slots.pop();
@@ -486,28 +589,38 @@ impl Scheduler {
         }
     }
 
-    /// Takes shared prefixes from donors that have computed them; drops shares whose donor left.
+    /// Takes shared prefixes from donors that have computed them (running sequences or cached
+    /// prefixes); drops shares whose donor left.
     fn resolve_shares<C: Compute>(&mut self, be: &mut C) {
         for i in 0..self.running.len() {
             let Some((donor, len)) = self.running[i].share else { continue };
-            match self.running.iter().position(|r| r.id == donor) {
-                Some(d) if self.running[d].n_past >= len && self.running[d].share.is_none() => {
-                    let cells = self.running[d].cells[..len].to_vec();
-                    let src = self.running[d].slot.expect("running has a slot");
-                    let dst = self.running[i].slot.expect("running has a slot");
-                    be.share_prefix(src, dst, len);
-                    self.cells.retain(&cells);
-                    let s = &mut self.running[i];
-                    s.cells = cells;
-                    s.n_past = len;
-                    s.share = None;
-                    if s.preemptions == 0 {
-                        s.shared_prompt_tokens = len.min(s.n_prompt);
-                        self.stats.shared_prompt_tokens.fetch_add(s.shared_prompt_tokens as u64, Ordering::Relaxed);
+            let source = if let Some(c) = self.cache.iter_mut().find(|c| c.id == donor) {
+                self.clock += 1;
+                c.last_used = self.clock;
+                Some((c.cells[..len].to_vec(), c.slot))
+            } else {
+                match self.running.iter().position(|r| r.id == donor) {
+                    Some(d) if self.running[d].n_past >= len && self.running[d].share.is_none() => {
+                        Some((self.running[d].cells[..len].to_vec(), self.running[d].slot.expect("running has a slot")))
                     }
+                    Some(_) => continue, // donor still computing
+                    None => None,
                 }
-                Some(_) => {} // donor still computing
-                None => self.running[i].share = None,
+            };
+            let Some((cells, src)) = source else {
+                self.running[i].share = None;
+                continue;
+            };
+            let dst = self.running[i].slot.expect("running has a slot");
+            be.share_prefix(src, dst, len);
+            self.cells.retain(&cells);
+            let s = &mut self.running[i];
+            s.cells = cells;
+            s.n_past = len;
+            s.share = None;
+            if s.preemptions == 0 {
+                s.shared_prompt_tokens = len.min(s.n_prompt);
+                self.stats.shared_prompt_tokens.fetch_add(s.shared_prompt_tokens as u64, Ordering::Relaxed);
             }
         }
     }
@@ -517,7 +630,14 @@ impl Scheduler {
         if !self.cfg.admission_control {
             return;
         }
-        while self.demand() > self.cfg.kv_tokens && self.running.len() > 1 {
+        while self.demand() > self.cfg.kv_tokens {
+            // cached prefixes give way before running sequences do
+            if self.evict_lru(be, None) {
+                continue;
+            }
+            if self.running.len() <= 1 {
+                break;
+            }
             self.preempt_newest(be);
         }
         // groups that outgrew their KV share give back their newest sequences
@@ -642,7 +762,7 @@ impl Scheduler {
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for &(i, reason) in &finished {
             let s = self.running.remove(i);
-            let mut s = self.release(be, s);
+            let mut s = if self.caching() { self.keep_prefix(be, s) } else { self.release(be, s) };
             let now = Instant::now();
             let admitted = s.admitted.unwrap_or(s.arrived);
             let done = Completion {
@@ -673,6 +793,7 @@ impl Scheduler {
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(msg.into()));
         }
+        while self.evict_lru(be, None) {}
         self.publish();
     }
 

@@ -201,8 +201,67 @@ fn overload_preempts_and_preempted_sequences_equal_their_solo_runs() {
         assert_eq!(toks, solo(p, 30), "crowded run differs from the solo run");
         assert_eq!(done.completion_tokens, 30);
     }
+    assert_eq!(s.active_cells(), 0);
+    s.clear_cache(&mut f);
     assert_eq!(s.used_cells(), 0);
     assert_eq!(f.used(), 0);
+}
+
+#[test]
+fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
+    let system = prompt(5, 40);
+    let with = |tail: &[i32]| {
+        let mut p = system.clone();
+        p.extend_from_slice(tail);
+        p
+    };
+    let mut s = sched(4096, 8, 256);
+    let mut f = Fake::new(4096);
+    let mut first = submit(&mut s, with(&[7, 8, 9]), 6, "v1");
+    run(&mut s, &mut f);
+    assert_eq!(drain(&mut first).0, solo(&with(&[7, 8, 9]), 6));
+    assert_eq!(s.cached_prefixes(), 1);
+    assert_eq!(s.active_cells(), 0, "a cached prefix is not counted as in use");
+    assert_eq!(s.stats.kv_tokens_cached.load(Ordering::Relaxed), 40 + 3 + 5);
+    // a later request with the same system prompt computes only what differs
+    let p2 = with(&[11, 12]);
+    let mut second = submit(&mut s, p2.clone(), 6, "v1");
+    run(&mut s, &mut f);
+    let (toks, done) = drain(&mut second);
+    assert_eq!(toks, solo(&p2, 6), "the reused prefix gives the same tokens as computing it");
+    assert_eq!(done.unwrap().shared_prompt_tokens, 40);
+    // the same prompt again: everything but its last token comes from the cache
+    let mut third = submit(&mut s, p2.clone(), 6, "v1");
+    run(&mut s, &mut f);
+    let (toks, done) = drain(&mut third);
+    assert_eq!(toks, solo(&p2, 6));
+    assert_eq!(done.unwrap().shared_prompt_tokens, p2.len() - 1);
+    assert_eq!(s.stats.preemptions.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn cached_prefixes_give_way_to_new_work_before_anything_is_preempted() {
+    let kv = 256;
+    let mut s = sched(kv, 4, 128);
+    let mut f = Fake::new(kv);
+    // four finished sequences leave 4 × 59 cells cached and hold every slot
+    for i in 0..4 {
+        let mut rx = submit(&mut s, prompt(10 + i, 50), 10, "old");
+        run(&mut s, &mut f);
+        assert!(drain(&mut rx).1.is_some());
+    }
+    assert_eq!(s.cached_prefixes(), 4);
+    assert_eq!(s.used_cells(), 4 * 59, "the last sampled token of each never entered the cache");
+    // new, unrelated work that needs most of the cache and every slot
+    let prompts: Vec<Vec<i32>> = (0..4).map(|i| prompt(50 + i, 40)).collect();
+    let mut rxs: Vec<_> = prompts.iter().map(|p| submit(&mut s, p.clone(), 20, "new")).collect();
+    run(&mut s, &mut f);
+    assert_eq!(f.no_slot, 0);
+    assert_eq!(s.stats.preemptions.load(Ordering::Relaxed), 0, "the cache gave way, nothing running was preempted");
+    for (p, rx) in prompts.iter().zip(rxs.iter_mut()) {
+        assert_eq!(drain(rx).0, solo(p, 20));
+    }
+    assert!(s.used_cells() <= kv);
 }
 
 #[test]

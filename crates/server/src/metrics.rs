@@ -30,6 +30,7 @@ pub struct Metrics {
     experiment_kv: IntGaugeVec,
     experiment_kv_peak: IntGaugeVec,
     peak_resident: IntGauge,
+    kv_tokens_cached: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -107,6 +108,7 @@ impl Metrics {
             experiment_kv_peak,
             kv_tokens_used: gauge("abserve_kv_tokens_used", "KV cache cells in use"),
             peak_resident: gauge("abserve_memory_peak_resident_bytes", "Most resident memory the process has held (VmHWM)"),
+            kv_tokens_cached: gauge("abserve_kv_tokens_cached", "KV cells held by cached prompt prefixes of finished requests (freed on demand)"),
             running: gauge("abserve_requests_running", "Sequences in the running batch"),
             waiting: gauge("abserve_requests_waiting", "Sequences waiting for admission"),
             preemptions: counter("abserve_preemptions_total", "Sequences preempted to free KV cells"),
@@ -152,6 +154,7 @@ impl Metrics {
         let s = self.stats.snapshot();
         self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
         self.kv_tokens_used.set(s.kv_tokens_used as i64);
+        self.kv_tokens_cached.set(self.stats.kv_tokens_cached.load(std::sync::atomic::Ordering::Relaxed) as i64);
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);
         let bump = |c: &IntCounter, v: u64| {
