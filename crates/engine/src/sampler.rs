@@ -34,6 +34,11 @@ pub struct SamplingParams {
     pub logprobs: Option<u32>,
     /// Keep generating past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Take the prompt's prefix from the cache of finished requests when it is there
+    /// (llama.cpp's `cache_prompt`). Default: yes, unless `seed` is set — logits computed from a
+    /// cached prefix are not bit-identical to a full prefill, so a seeded request computes its
+    /// prompt to give the same text every time.
+    pub cache_prompt: Option<bool>,
 }
 
 impl Default for SamplingParams {
@@ -51,11 +56,17 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             logprobs: None,
             ignore_eos: false,
+            cache_prompt: None,
         }
     }
 }
 
 impl SamplingParams {
+    /// Whether this request may take its prefix from finished requests' cached KV.
+    pub fn uses_prompt_cache(&self) -> bool {
+        self.cache_prompt.unwrap_or(self.seed.is_none())
+    }
+
     pub fn greedy(max_tokens: u32) -> Self {
         SamplingParams { temperature: 0.0, max_tokens, ..Default::default() }
     }

@@ -533,7 +533,7 @@ impl Scheduler {
     }
 
     /// Longest prefix of `tokens` another running sequence holds or will hold.
-    fn find_share(&self, tokens: &[i32]) -> Option<(u64, usize)> {
+    fn find_share(&self, tokens: &[i32], use_cache: bool) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
         for r in &self.running {
             if r.share.is_some() && r.n_past == 0 {
@@ -547,7 +547,7 @@ impl Scheduler {
                 best = Some((r.id, l));
             }
         }
-        for c in &self.cache {
+        for c in self.cache.iter().filter(|_| use_cache) {
             let common = c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
             let l = common.min(tokens.len() - 1);
             if l >= self.cfg.min_shared_prefix && best.is_none_or(|(_, b)| l > b) {
@@ -564,7 +564,7 @@ impl Scheduler {
             }
             // None: every waiting request belongs to a group at its KV quota
             let Some(i) = self.next_candidate() else { break };
-            let share = self.find_share(&self.waiting[i].tokens);
+            let share = self.find_share(&self.waiting[i].tokens, self.waiting[i].sampler.params().uses_prompt_cache());
             let need = self.waiting[i].tokens.len() - share.map_or(0, |(_, l)| l);
             let watermark = self.running.len();
             if self.demand() + need + watermark > self.cfg.kv_tokens {

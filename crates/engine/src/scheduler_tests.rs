@@ -237,6 +237,15 @@ fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
     assert_eq!(toks, solo(&p2, 6));
     assert_eq!(done.unwrap().shared_prompt_tokens, p2.len() - 1);
     assert_eq!(s.stats.preemptions.load(Ordering::Relaxed), 0);
+    // a seeded request computes its whole prompt (bit-identical logits every time) unless it
+    // asks for the cache
+    for (cache_prompt, shared) in [(None, 0), (Some(true), p2.len() - 1)] {
+        let (tx, mut rx) = unbounded_channel();
+        let params = SamplingParams { seed: Some(7), cache_prompt, ..SamplingParams::greedy(6) };
+        s.enqueue_counted(Request { prompt: p2.clone(), params, group: None, priority: false, kv_share: None }, tx);
+        run(&mut s, &mut f);
+        assert_eq!(drain(&mut rx).1.unwrap().shared_prompt_tokens, shared, "cache_prompt {cache_prompt:?}");
+    }
 }
 
 #[test]

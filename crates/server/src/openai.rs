@@ -65,6 +65,9 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// llama.cpp's extension: reuse a cached prompt prefix of finished requests (default: yes
+    /// unless `seed` is set).
+    pub cache_prompt: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +155,7 @@ impl Common {
             stop,
             logprobs,
             ignore_eos: self.ignore_eos,
+            cache_prompt: self.cache_prompt,
         };
         p.validate().map_err(|(param, msg)| ApiError::invalid_param(param, msg))?;
         Ok(p)
