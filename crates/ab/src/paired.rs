@@ -100,14 +100,23 @@ pub fn sign_test(wins: u64, losses: u64, ties: u64) -> SignTest {
 
 /// Empirical quantile with linear interpolation between order statistics (numpy's default).
 pub fn quantile(xs: &[f64], q: f64) -> f64 {
+    quantiles(xs, &[q])[0]
+}
+
+/// Several quantiles of one sample, sorting it once; NaN for an empty sample.
+pub fn quantiles(xs: &[f64], qs: &[f64]) -> Vec<f64> {
     if xs.is_empty() {
-        return f64::NAN;
+        return vec![f64::NAN; qs.len()];
     }
     let mut v = xs.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    qs.iter()
+        .map(|q| {
+            let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -124,5 +133,6 @@ mod tests {
         assert!(paired_t(&[1.0, 2.0], &[2.0, 3.0]).is_none(), "constant differences have no variance");
         assert_eq!(quantile(&[4.0, 1.0, 3.0, 2.0], 0.5), 2.5);
         assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.95), 4.8);
+        assert_eq!(quantiles(&[5.0, 1.0, 3.0, 2.0, 4.0], &[0.0, 0.5, 1.0]), vec![1.0, 3.0, 5.0]);
     }
 }

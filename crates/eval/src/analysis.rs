@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use abserve_ab::paired::{mcnemar, paired_t, quantile, sign_test};
+use abserve_ab::paired::{mcnemar, paired_t, quantile, quantiles, sign_test};
 use abserve_ab::stats::summarize;
 use serde::Serialize;
 
@@ -134,6 +134,7 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String,
             errors.push(format!("row {} (line {}) × {}: {}", r.row, r.line, r.variant, r.error.as_deref().unwrap_or("no output")));
         }
         let lat: Vec<f64> = ok.iter().filter_map(|r| r.latency_ms).collect();
+        let lat_q = quantiles(&lat, &[0.5, 0.95]);
         let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
         let toks: Vec<f64> = ok.iter().map(|r| r.completion_tokens as f64).collect();
         let mut scores = BTreeMap::new();
@@ -152,8 +153,8 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String,
             control: v.id == control,
             answered: ok.len(),
             errors: rs.len() - ok.len(),
-            latency_p50_ms: quantile(&lat, 0.5),
-            latency_p95_ms: quantile(&lat, 0.95),
+            latency_p50_ms: lat_q[0],
+            latency_p95_ms: lat_q[1],
             ttft_p50_ms: quantile(&ttft, 0.5),
             mean_completion_tokens: summarize(&toks).mean,
             scores,

@@ -13,12 +13,8 @@ use crate::target::Call;
 
 /// Whether the variant's answer is shown as "A" for this pair.
 pub fn variant_first(seed: u64, row: &str, variant: &str) -> bool {
-    // FNV-1a of the pair, mixed with the seed: stable across runs and platforms
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in row.bytes().chain([0u8]).chain(variant.bytes()) {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
+    // the pair's hash mixed with the seed: stable across runs and platforms
+    let h = crate::runner::fnv1a(row.bytes().chain([0u8]).chain(variant.bytes()));
     rand_chacha::ChaCha20Rng::seed_from_u64(h ^ seed).gen_bool(0.5)
 }
 

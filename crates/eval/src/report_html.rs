@@ -46,16 +46,16 @@ fn latency_chart(s: &Summary) -> String {
     }
     for (i, v) in s.variants.iter().enumerate() {
         let cy = 30.0 + row_h * i as f64;
-        let q = |p: f64| abserve_ab::paired::quantile(&v.latencies_ms, p);
         o.push_str(&format!(r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="end">{}</text>"#, left - 8.0, cy + 4.0, esc(&v.id)));
         if v.latencies_ms.is_empty() {
             continue;
         }
         let c = color(i);
+        let [p5, p25, p50, p75, p95] = abserve_ab::paired::quantiles(&v.latencies_ms, &[0.05, 0.25, 0.5, 0.75, 0.95])[..] else { unreachable!("five quantiles asked") };
         o.push_str(&format!(r#"<g class="latency-box" data-variant="{}">"#, esc(&v.id)));
-        o.push_str(&format!(r#"<line x1="{:.1}" x2="{:.1}" y1="{cy:.1}" y2="{cy:.1}" stroke="{c}"/>"#, x(q(0.05)), x(q(0.95))));
-        o.push_str(&format!(r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{c}" fill-opacity="0.25" stroke="{c}"/>"#, x(q(0.25)), cy - 8.0, (x(q(0.75)) - x(q(0.25))).max(1.0)));
-        o.push_str(&format!(r#"<line x1="{0:.1}" x2="{0:.1}" y1="{1:.1}" y2="{2:.1}" stroke="{c}" stroke-width="3"/>"#, x(q(0.5)), cy - 9.0, cy + 9.0));
+        o.push_str(&format!(r#"<line x1="{:.1}" x2="{:.1}" y1="{cy:.1}" y2="{cy:.1}" stroke="{c}"/>"#, x(p5), x(p95)));
+        o.push_str(&format!(r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{c}" fill-opacity="0.25" stroke="{c}"/>"#, x(p25), cy - 8.0, (x(p75) - x(p25)).max(1.0)));
+        o.push_str(&format!(r#"<line x1="{0:.1}" x2="{0:.1}" y1="{1:.1}" y2="{2:.1}" stroke="{c}" stroke-width="3"/>"#, x(p50), cy - 9.0, cy + 9.0));
         for (j, ms) in v.latencies_ms.iter().enumerate() {
             let jitter = ((j * 7919) % 13) as f64 - 6.0;
             o.push_str(&format!(r#"<circle cx="{:.1}" cy="{:.1}" r="2" fill="{c}" fill-opacity="0.6"><title>{:.0} ms</title></circle>"#, x(*ms), cy + 14.0 + jitter * 0.3, ms));

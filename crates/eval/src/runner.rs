@@ -50,8 +50,9 @@ pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), String> {
     Ok(())
 }
 
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+/// 64-bit FNV-1a: a hash that is stable across runs and platforms (seeds, judge order).
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 /// The chat request of `v` for `row`. Without a variant seed, all variants of a row share one
@@ -68,7 +69,7 @@ pub fn call_for(v: &Variant, row: &Row) -> Result<Call, String> {
         temperature: v.temperature,
         top_p: v.top_p,
         max_tokens: v.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        seed: Some(v.seed.unwrap_or_else(|| fnv(&row.id) >> 1)),
+        seed: Some(v.seed.unwrap_or_else(|| fnv1a(row.id.bytes()) >> 1)),
         stop: v.stop.clone(),
         presence_penalty: v.presence_penalty,
         frequency_penalty: v.frequency_penalty,

@@ -26,17 +26,12 @@ pub struct Percentiles {
     pub max: f64,
 }
 
-fn pct(mut xs: Vec<f64>, scale: f64) -> Percentiles {
+fn pct(xs: Vec<f64>, scale: f64) -> Percentiles {
     if xs.is_empty() {
         return Percentiles::default();
     }
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let q = |p: f64| {
-        let pos = p * (xs.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)) * scale
-    };
-    Percentiles { n: xs.len(), p50: q(0.5), p95: q(0.95), p99: q(0.99), max: xs[xs.len() - 1] * scale }
+    let q = abserve_ab::paired::quantiles(&xs, &[0.5, 0.95, 0.99, 1.0]);
+    Percentiles { n: xs.len(), p50: q[0] * scale, p95: q[1] * scale, p99: q[2] * scale, max: q[3] * scale }
 }
 
 #[derive(Debug, Clone, Serialize)]
