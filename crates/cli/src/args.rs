@@ -42,6 +42,16 @@ pub struct ModelArgs {
     /// CPU threads for llama.cpp (default: all cores).
     #[arg(long)]
     pub threads: Option<i32>,
+    /// One KV pool shared by all sequences (cells borrowed between short and long sequences,
+    /// prefixes shared without copies) instead of one stream per slot (each token attends only to
+    /// its own sequence; the default, faster under concurrency).
+    #[arg(long)]
+    pub kv_unified: bool,
+    /// Inter-token latency target in milliseconds: another decoding sequence is admitted only
+    /// while the measured step time stays under it, unless the extra sequence adds real
+    /// throughput (>= 5%). 0 turns it off.
+    #[arg(long, default_value_t = 0.0)]
+    pub max_itl_ms: f64,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -71,6 +81,11 @@ impl ModelArgs {
         c.kv_tokens_cap = self.kv_tokens;
         c.n_batch = self.batch;
         c.flash_attention = self.flash_attn == "on";
+        c.kv_unified = self.kv_unified;
+        if !(self.max_itl_ms >= 0.0 && self.max_itl_ms.is_finite()) {
+            anyhow::bail!("--max-itl-ms must be 0 (off) or a positive number of milliseconds, got {}", self.max_itl_ms);
+        }
+        c.max_itl_ms = self.max_itl_ms;
         if let Some(t) = self.threads {
             c.threads = t.max(1);
         }

@@ -72,6 +72,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 max_sequences: cfg.max_sequences,
                 kv_tokens_cap: cfg.kv_tokens_cap,
                 flash_attention: cfg.flash_attention,
+                kv_unified: cfg.kv_unified,
             });
             (plan, "hypothetical".to_string())
         }
@@ -97,6 +98,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("margin", human_bytes(plan.margin_bytes)),
         ("usable", human_bytes(plan.usable_bytes)),
         ("kv cache", format!("{} tokens = {}", plan.kv_tokens, human_bytes(plan.kv_bytes))),
+        (
+            "kv layout",
+            if plan.kv_unified {
+                "one unified pool shared by all sequences".to_string()
+            } else {
+                format!("{} slots × {} cells (one stream per slot)", plan.seq_slots, plan.kv_cells_per_slot)
+            },
+        ),
         ("planned total", human_bytes(plan.planned_bytes)),
         ("context per sequence", format!("{} tokens", plan.context)),
         ("max concurrent sequences", plan.max_sequences.to_string()),

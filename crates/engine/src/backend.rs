@@ -174,7 +174,7 @@ impl<'m> Context<'m> {
             .with_n_batch(n_batch)
             .with_n_ubatch(n_batch)
             .with_n_seq_max(plan.seq_slots as u32)
-            .with_kv_unified(true)
+            .with_kv_unified(plan.kv_unified)
             .with_flash_attention_policy(if cfg.flash_attention {
                 llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED
             } else {
@@ -229,10 +229,23 @@ impl<'m> Context<'m> {
         let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
     }
 
-    /// Lets `dst` use the cells of positions [0, len) of `src` without copying them
-    /// (unified KV cache: the cells get a second sequence id).
-    pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        let _ = self.ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
+    /// Gives `dst` the KV of positions [0, len) of `src`. Unified cache: the cells get a second
+    /// sequence id (no copy). Split streams: llama.cpp copies only WHOLE streams between
+    /// sequences (a partial range aborts the process), so the whole of `src`'s stream is copied
+    /// (the data lands at the next decode, before that batch writes anything) and `dst` is then
+    /// cut back to `len` positions.
+    pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize, unified: bool) {
+        if unified {
+            let _ = self.ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
+        } else {
+            let _ = self.ctx.copy_kv_cache_seq(src, dst, None, None);
+            self.truncate_seq(dst, len);
+        }
+    }
+
+    /// Drops positions [len, ∞) of `seq` (a slot's cached tokens past the common prefix).
+    pub fn truncate_seq(&mut self, seq: i32, len: usize) {
+        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None);
     }
 
     pub fn seq_pos_max(&self, seq: i32) -> i32 {

@@ -44,6 +44,11 @@ pub struct EngineConfig {
     pub flash_attention: bool,
     /// Memory the budget is a share of; `None` means this machine's available memory.
     pub memory_total: Option<u64>,
+    /// One KV pool for every sequence instead of one stream per slot (see docs/engine.md).
+    pub kv_unified: bool,
+    /// Inter-token latency target: one more decoding sequence is not admitted when the measured
+    /// step time would pass it and the extra sequence would add little throughput. 0: off.
+    pub max_itl_ms: f64,
 }
 
 impl EngineConfig {
@@ -64,6 +69,8 @@ impl EngineConfig {
             prefix_sharing: true,
             flash_attention: true,
             memory_total: None,
+            kv_unified: false,
+            max_itl_ms: 0.0,
         }
     }
 
@@ -83,6 +90,7 @@ impl EngineConfig {
             max_sequences: self.max_sequences,
             kv_tokens_cap: self.kv_tokens_cap,
             flash_attention: self.flash_attention,
+            kv_unified: self.kv_unified,
         });
         Ok((header, plan))
     }
@@ -131,6 +139,7 @@ pub struct Engine {
 struct LlamaCompute<'m> {
     model: &'m Model,
     ctx: Context<'m>,
+    unified: bool,
 }
 
 impl Compute for LlamaCompute<'_> {
@@ -153,7 +162,10 @@ impl Compute for LlamaCompute<'_> {
         self.ctx.remove_seq(seq)
     }
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        self.ctx.share_prefix(src, dst, len)
+        self.ctx.share_prefix(src, dst, len, self.unified)
+    }
+    fn truncate_seq(&mut self, seq: i32, len: usize) {
+        self.ctx.truncate_seq(seq, len)
     }
     fn piece(&self, token: i32) -> Vec<u8> {
         self.model.piece(token)
@@ -193,6 +205,10 @@ impl Engine {
             let threads = cfg.threads;
             let flash_attention = cfg.flash_attention;
             let mut sched_cfg = SchedulerConfig::new(plan.kv_tokens as usize, plan.seq_slots as usize, plan.context as usize);
+            if !plan.kv_unified {
+                sched_cfg.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
+            }
+            sched_cfg.max_itl = (cfg.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(cfg.max_itl_ms / 1e3));
             sched_cfg.admission_control = cfg.admission_control;
             if !cfg.prefix_sharing {
                 sched_cfg.min_shared_prefix = usize::MAX;
@@ -208,7 +224,7 @@ impl Engine {
                         }
                     };
                     let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
-                    let mut compute = LlamaCompute { model: &model, ctx };
+                    let mut compute = LlamaCompute { model: &model, ctx, unified: plan.kv_unified };
                     let mut sched = Scheduler::new(sched_cfg, stats);
                     if let Some(o) = observer {
                         sched.set_observer(o);

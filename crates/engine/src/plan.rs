@@ -170,6 +170,9 @@ pub struct PlanRequest {
     pub kv_tokens_cap: Option<u64>,
     /// llama.cpp flash attention (changes the size of the attention scratch).
     pub flash_attention: bool,
+    /// One KV pool shared by every sequence (`true`) or one fixed stream of cells per sequence
+    /// slot (`false`, the default: each token attends only to its own sequence's cells).
+    pub kv_unified: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -192,6 +195,11 @@ pub struct MemoryPlan {
     pub seq_slots: u64,
     pub n_batch: u64,
     pub flash_attention: bool,
+    /// One KV pool for all sequences (unified) or one stream per slot.
+    pub kv_unified: bool,
+    /// Cells each slot's stream holds (split streams: `pad256(context)`, no borrowing between
+    /// slots, so `kv_tokens = seq_slots × kv_cells_per_slot`); unified: `kv_tokens`.
+    pub kv_cells_per_slot: u64,
     /// weights + kv + compute.
     pub planned_bytes: u64,
     /// How many separate copies of the model (each with one sequence of `context`) fit in the
@@ -248,28 +256,34 @@ impl MemoryPlan {
         };
         let margin_bytes = (budget_bytes as f64 * req.margin.clamp(0.0, 0.9)) as u64;
         let usable_bytes = budget_bytes - margin_bytes;
-        let seq_slots = req.max_sequences.clamp(1, 256);
+        let max_slots = req.max_sequences.clamp(1, 256);
         let context = req.context.max(1);
-        let cap = req.kv_tokens_cap.unwrap_or(seq_slots * context);
-        // compute depends (weakly) on kv size; settle it in two passes.
+        // split streams: every slot owns pad256(context) cells (llama.cpp pads n_ctx_seq to 256)
+        let per_slot = if req.kv_unified { context } else { context.div_ceil(KV_PAD) * KV_PAD };
+        let cap = req.kv_tokens_cap.unwrap_or(max_slots * per_slot);
         // compute grows with the KV size (attention scores): solve
         // weights + compute(kv) + kv × per_token <= usable for the largest kv
-        let fixed = compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention);
-        let per_cell_compute = compute_estimate(s, req.n_batch, seq_slots, 1, req.flash_attention) - fixed;
+        let fixed = compute_estimate(s, req.n_batch, max_slots, 0, req.flash_attention);
+        let per_cell_compute = compute_estimate(s, req.n_batch, max_slots, 1, req.flash_attention) - fixed;
         let room = usable_bytes.saturating_sub(req.weights_bytes + fixed);
         let mut fit = room / (kv_bytes_per_token + per_cell_compute).max(1);
         if req.flash_attention {
             // the flash-attention scratch stops growing at 4096 cells
-            let room2 = usable_bytes.saturating_sub(req.weights_bytes + compute_estimate(s, req.n_batch, seq_slots, 4096, true));
+            let room2 = usable_bytes.saturating_sub(req.weights_bytes + compute_estimate(s, req.n_batch, max_slots, 4096, true));
             fit = fit.max(room2 / kv_bytes_per_token.max(1));
         }
-        let kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
+        let (kv_tokens, seq_slots, kv_cells_per_slot, max_sequences) = if req.kv_unified {
+            let kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
+            (kv_tokens, max_slots, kv_tokens, (kv_tokens / context).min(max_slots))
+        } else {
+            let slots = (fit.min(cap) / per_slot).min(max_slots);
+            (slots * per_slot, slots.max(1), per_slot, slots)
+        };
         let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens, req.flash_attention);
         let kv_bytes = kv_tokens * kv_bytes_per_token;
-        let max_sequences = (kv_tokens / context).min(seq_slots);
         let min_copy = req.weights_bytes
-            + compute_estimate(s, req.n_batch, 1, context, req.flash_attention)
-            + context * kv_bytes_per_token;
+            + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
+            + per_slot * kv_bytes_per_token;
         let copies_that_fit = usable_bytes / min_copy.max(1);
         let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes;
         MemoryPlan {
@@ -287,6 +301,8 @@ impl MemoryPlan {
             seq_slots,
             n_batch: req.n_batch,
             flash_attention: req.flash_attention,
+            kv_unified: req.kv_unified,
+            kv_cells_per_slot,
             planned_bytes,
             copies_that_fit,
             fits: max_sequences >= 1 && planned_bytes <= usable_bytes,
@@ -332,10 +348,17 @@ impl MemoryPlan {
                 human_bytes(self.budget_bytes),
                 human_bytes(self.margin_bytes),
             ),
-            format!(
-                "capacity: {} concurrent sequences of {} tokens ({} sequence slots, prefill chunk {})",
-                self.max_sequences, self.context, self.seq_slots, self.n_batch
-            ),
+            if self.kv_unified {
+                format!(
+                    "capacity: {} concurrent sequences of {} tokens in one unified KV cache ({} sequence slots, prefill chunk {})",
+                    self.max_sequences, self.context, self.seq_slots, self.n_batch
+                )
+            } else {
+                format!(
+                    "capacity: {} sequence slots × {} KV cells (one stream each, context {} tokens, prefill chunk {})",
+                    self.seq_slots, self.kv_cells_per_slot, self.context, self.n_batch
+                )
+            },
         ]
     }
 }
@@ -370,6 +393,7 @@ mod tests {
             max_sequences: 256,
             kv_tokens_cap: None,
             flash_attention: false,
+            kv_unified: true,
         }
     }
 
@@ -431,5 +455,33 @@ mod tests {
                 assert_eq!(p.kv_tokens % KV_PAD, 0);
             }
         }
+    }
+
+    #[test]
+    fn split_streams_give_every_slot_a_fixed_padded_stream() {
+        let small = |budget: u64, context: u64, slots: u64| {
+            let mut r = req(100 << 20, budget);
+            r.shape = ModelShape { n_layer: 30, n_head: 9, n_head_kv: 3, n_embd: 576, head_dim_k: 64, head_dim_v: 64, n_vocab: 49152, n_ctx_train: 8192 };
+            r.kv_unified = false;
+            r.flash_attention = true;
+            r.context = context;
+            r.max_sequences = slots;
+            MemoryPlan::new(&r)
+        };
+        for (budget, context, slots) in [(1u64 << 30, 1000, 64), (512 << 20, 512, 8), (600 << 20, 2048, 256), (8 << 30, 300, 16)] {
+            let p = small(budget, context, slots);
+            assert_eq!(p.kv_cells_per_slot, context.div_ceil(256) * 256);
+            assert_eq!(p.kv_tokens, p.seq_slots * p.kv_cells_per_slot, "{p:?}");
+            assert_eq!(p.max_sequences, p.seq_slots);
+            assert!(p.seq_slots <= slots);
+            assert!(p.fits && p.planned_bytes <= p.usable_bytes, "{p:?}");
+        }
+        // 16 slots asked, the budget holds fewer: slots shrink, never the per-slot stream
+        let p = small(300 << 20, 2048, 16);
+        assert!(p.seq_slots < 16 && p.seq_slots >= 1, "{p:?}");
+        // not one stream fits: refused with every number
+        let p = small(150 << 20, 8192, 4);
+        assert!(!p.fits);
+        assert!(p.check_fits().is_err());
     }
 }

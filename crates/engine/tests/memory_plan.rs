@@ -1,6 +1,7 @@
-//! Memory stays inside the plan under three times more KV demand than the cache holds:
+//! Memory stays inside the plan under three times more KV demand than a unified cache holds:
 //! sequences wait or are preempted, none fails, and the process's peak RSS stays within the
-//! plan + 10%. Alone in its own test binary so that the RSS is this test's only.
+//! plan + 10%. Alone in its own test binary so that the RSS is this test's only (the split-stream
+//! layout has its own binary, memory_plan_split.rs).
 
 mod common;
 
@@ -15,6 +16,7 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
     let max_tokens = 120u32;
     // prompts of ~12..~50 tokens + 120 generated ≈ 150 cells each → 32 × 150 ≈ 4800 demand
     cfg.kv_tokens_cap = Some(1536);
+    cfg.kv_unified = true;
     let engine = Engine::start(cfg).unwrap();
     let plan = engine.plan().clone();
     assert_eq!(plan.kv_tokens, 1536);

@@ -68,6 +68,8 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
             "context": plan.context,
             "max_sequences": plan.max_sequences,
             "seq_slots": plan.seq_slots,
+            "kv_cells_per_slot": plan.kv_cells_per_slot,
+            "kv_unified": plan.kv_unified,
         },
         "kv_tokens_used": s.kv_tokens_used,
         "running": s.running,

@@ -31,6 +31,10 @@ pub struct Metrics {
     experiment_kv_peak: IntGaugeVec,
     peak_resident: IntGauge,
     kv_tokens_cached: IntGauge,
+    prompt_tokens_computed: IntCounter,
+    prompt_tokens_reused: IntCounter,
+    prefix_copies: IntCounter,
+    itl_held: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -60,6 +64,19 @@ impl Metrics {
         let max_seq = IntGauge::new("abserve_max_sequences", "Concurrent sequences of the full context that fit").unwrap();
         max_seq.set(plan.max_sequences as i64);
         reg(Box::new(max_seq));
+        let slots = IntGauge::new("abserve_kv_slots", "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each").unwrap();
+        slots.set(plan.seq_slots as i64);
+        reg(Box::new(slots));
+        let per_slot = IntGauge::new(
+            "abserve_kv_cells_per_slot",
+            "KV cells of one slot's stream (split streams: fixed, no borrowing; unified: the whole pool)",
+        )
+        .unwrap();
+        per_slot.set(plan.kv_cells_per_slot as i64);
+        reg(Box::new(per_slot));
+        let unified = IntGauge::new("abserve_kv_unified", "1 when all sequences share one KV pool, 0 with one stream per slot").unwrap();
+        unified.set(plan.kv_unified as i64);
+        reg(Box::new(unified));
 
         let gauge = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).unwrap();
@@ -115,6 +132,19 @@ impl Metrics {
             cancellations: counter("abserve_cancellations_total", "Sequences cancelled by their client"),
             prompt_tokens: counter("abserve_prompt_tokens_total", "Prompt tokens admitted"),
             generated_tokens: counter("abserve_generated_tokens_total", "Tokens generated"),
+            prompt_tokens_computed: counter(
+                "abserve_prompt_tokens_computed_total",
+                "Prompt positions the model computed (the rest came from cached or running prefixes)",
+            ),
+            prompt_tokens_reused: counter(
+                "abserve_prompt_tokens_reused_total",
+                "Prompt tokens whose KV was reused from a cached slot or another running sequence",
+            ),
+            prefix_copies: counter("abserve_prefix_copies_total", "KV streams copied from one slot to another to reuse a prefix"),
+            itl_held: gauge(
+                "abserve_requests_held_for_latency",
+                "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
+            ),
             ttft: hist("abserve_time_to_first_token_seconds", "Time from request to first token", latency_buckets()),
             request_duration: hist("abserve_request_duration_seconds", "Time from request to last token", latency_buckets()),
             time_per_output_token: hist(
@@ -154,7 +184,7 @@ impl Metrics {
         let s = self.stats.snapshot();
         self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
         self.kv_tokens_used.set(s.kv_tokens_used as i64);
-        self.kv_tokens_cached.set(self.stats.kv_tokens_cached.load(std::sync::atomic::Ordering::Relaxed) as i64);
+        self.kv_tokens_cached.set(s.kv_tokens_cached as i64);
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);
         let bump = |c: &IntCounter, v: u64| {
@@ -167,10 +197,14 @@ impl Metrics {
         bump(&self.cancellations, s.cancellations);
         bump(&self.prompt_tokens, s.prompt_tokens);
         bump(&self.generated_tokens, s.generated_tokens);
+        bump(&self.prompt_tokens_computed, s.prompt_tokens_computed);
+        bump(&self.prompt_tokens_reused, s.shared_prompt_tokens);
+        bump(&self.prefix_copies, s.prefix_copies);
+        self.itl_held.set(s.itl_held as i64);
         // experiment names are defined by the operator, so this label stays bounded
-        for (name, (now, peak)) in self.stats.groups.lock().unwrap().iter() {
-            self.experiment_kv.with_label_values(&[name.as_str()]).set(*now as i64);
-            self.experiment_kv_peak.with_label_values(&[name.as_str()]).set(*peak as i64);
+        for (name, now, peak) in self.stats.groups() {
+            self.experiment_kv.with_label_values(&[name.as_str()]).set(now as i64);
+            self.experiment_kv_peak.with_label_values(&[name.as_str()]).set(peak as i64);
         }
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");

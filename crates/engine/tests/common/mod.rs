@@ -30,20 +30,26 @@ pub struct Output {
     pub tokens: Vec<i32>,
     pub text: String,
     pub done: Completion,
+    /// Per token, the gap between the top two log-probabilities (when logprobs were asked).
+    pub gaps: Vec<f32>,
 }
 
 pub fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Output, String> {
     let mut tokens = Vec::new();
     let mut text = String::new();
+    let mut gaps = Vec::new();
     loop {
         match rx.blocking_recv() {
-            Some(Event::Token { token, text: t, .. }) => {
+            Some(Event::Token { token, text: t, logprob }) => {
                 tokens.push(token);
                 text.push_str(&t);
+                if let Some(l) = logprob.filter(|l| l.top.len() >= 2) {
+                    gaps.push(l.top[0].1 - l.top[1].1);
+                }
             }
             Some(Event::Done(done)) => {
                 text.push_str(&done.tail_text);
-                return Ok(Output { tokens, text, done });
+                return Ok(Output { tokens, text, done, gaps });
             }
             Some(Event::Admitted { .. }) => {}
             Some(Event::Error(e)) => return Err(e),

@@ -1,5 +1,7 @@
 //! Scheduler tests on a fake model whose next token is a hash of every token the sequence has
-//! in the KV cache, so a wrong shared prefix or a wrong recompute changes the output.
+//! in the KV cache, so a wrong shared prefix, a wrong copy or a wrong recompute changes the
+//! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
+//! sequence id where a prefix can only be given by copying a whole stream.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -7,7 +9,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::*;
-use crate::request::{Event, Request};
+use crate::request::{Completion, Event, FinishReason, Request};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 use crate::sampler::SamplingParams;
 
 const VOCAB: usize = 100;
@@ -21,6 +25,14 @@ struct FakeCell {
 
 struct Fake {
     cap: usize,
+    /// Split streams: cells [k·per, (k+1)·per) belong to sequence k.
+    per_stream: Option<usize>,
+    /// Graph evaluations llama.cpp would run (split streams: one per micro-batch of
+    /// consecutive sequence ids with equal token counts).
+    ubatches: usize,
+    /// How often each (history) was computed as the last token of a decode: keyed by a hash of
+    /// the sequence's tokens up to and including that position.
+    computed: HashMap<u64, usize>,
     cells: Vec<Option<FakeCell>>,
     batch: Vec<(i32, usize, i32, bool)>,
     logits: Vec<Vec<f32>>,
@@ -42,7 +54,50 @@ impl Fake {
             no_slot: 0,
             peak_used: 0,
             eog: false,
+            per_stream: None,
+            ubatches: 0,
+            computed: HashMap::new(),
         }
+    }
+    fn split(slots: usize, per: usize) -> Self {
+        Fake { per_stream: Some(per), ..Fake::new(slots * per) }
+    }
+    fn stream(&self, seq: i32) -> std::ops::Range<usize> {
+        match self.per_stream {
+            Some(per) => seq as usize * per..(seq as usize + 1) * per,
+            None => 0..self.cap,
+        }
+    }
+    /// llama.cpp's split_equal(sequential) over the batch: micro-batches it would run.
+    fn count_ubatches(&self) -> usize {
+        if self.per_stream.is_none() {
+            return 1;
+        }
+        let mut left: Vec<(i32, usize)> = Vec::new(); // (seq, tokens) in batch order
+        for &(_, _, seq, _) in &self.batch {
+            match left.iter_mut().find(|(s, _)| *s == seq) {
+                Some(e) => e.1 += 1,
+                None => left.push((seq, 1)),
+            }
+        }
+        let mut n = 0;
+        while left.iter().any(|e| e.1 > 0) {
+            let mut set: Vec<usize> = Vec::new();
+            for (k, e) in left.iter().enumerate() {
+                if e.1 == 0 {
+                    continue;
+                }
+                if set.is_empty() || e.0 == left[*set.last().unwrap()].0 + 1 {
+                    set.push(k);
+                }
+            }
+            let take = set.iter().map(|&k| left[k].1).min().unwrap();
+            for &k in &set {
+                left[k].1 -= take;
+            }
+            n += 1;
+        }
+        n
     }
     fn used(&self) -> usize {
         self.cells.iter().filter(|c| c.is_some()).count()
@@ -84,13 +139,28 @@ impl Compute for Fake {
         self.batch.push((token, pos, seq, logits));
     }
     fn decode(&mut self) -> Result<bool, String> {
-        let free: Vec<usize> = (0..self.cap).filter(|&i| self.cells[i].is_none()).collect();
-        if free.len() < self.batch.len() {
-            self.no_slot += 1;
-            return Ok(false);
+        let mut taken: Vec<usize> = Vec::new();
+        for &(_, _, seq, _) in &self.batch {
+            match self.stream(seq).find(|&i| self.cells[i].is_none() && !taken.contains(&i)) {
+                Some(i) => taken.push(i),
+                None => {
+                    self.no_slot += 1;
+                    return Ok(false);
+                }
+            }
         }
+        self.ubatches += self.count_ubatches();
         for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
-            self.cells[free[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+            self.cells[taken[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+        }
+        for &(_, pos, seq, want) in &self.batch {
+            if want {
+                let mut h: u64 = 7;
+                for t in self.history(seq, pos) {
+                    h = (h ^ t as u64).wrapping_mul(1099511628211);
+                }
+                *self.computed.entry(h).or_insert(0) += 1;
+            }
         }
         self.peak_used = self.peak_used.max(self.used());
         self.logits.clear();
@@ -120,9 +190,33 @@ impl Compute for Fake {
         }
     }
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        for cell in self.cells.iter_mut().flatten() {
-            if cell.seqs.contains(&src) && cell.pos < len {
-                cell.seqs.insert(dst);
+        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&dst)), "share into a sequence that holds cells");
+        match self.per_stream {
+            None => {
+                for cell in self.cells.iter_mut().flatten() {
+                    if cell.seqs.contains(&src) && cell.pos < len {
+                        cell.seqs.insert(dst);
+                    }
+                }
+            }
+            Some(_) => {
+                // llama.cpp copies the whole stream; the backend then cuts it back to `len`
+                let (s, d) = (self.stream(src), self.stream(dst));
+                for (i, j) in s.zip(d) {
+                    self.cells[j] = self.cells[i]
+                        .as_ref()
+                        .map(|c| FakeCell { pos: c.pos, token: c.token, seqs: [dst].into() });
+                }
+                self.truncate_seq(dst, len);
+            }
+        }
+    }
+    fn truncate_seq(&mut self, seq: i32, len: usize) {
+        for c in self.cells.iter_mut() {
+            if let Some(cell) = c {
+                if cell.pos >= len && cell.seqs.remove(&seq) && cell.seqs.is_empty() {
+                    *c = None;
+                }
             }
         }
     }
@@ -409,6 +503,124 @@ fn a_group_with_a_kv_share_never_holds_more_and_others_keep_running() {
     for rx in others.iter_mut().chain(flood.iter_mut()) {
         assert!(drain(rx).1.is_some(), "every request completes");
     }
-    let peak = s.stats.groups.lock().unwrap()["capped"].1;
+    let peak = s.stats.groups().into_iter().find(|g| g.0 == "capped").unwrap().2;
     assert!(peak as usize <= kv / 4 && peak > 0);
+}
+
+// ---- split KV streams (the default layout) ----
+
+fn split_sched(slots: usize, per: usize, ctx: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig::split(slots, per, ctx), Arc::new(EngineStats::default()))
+}
+
+fn with_system(system: &[i32], tail: &[i32]) -> Vec<i32> {
+    let mut p = system.to_vec();
+    p.extend_from_slice(tail);
+    p
+}
+
+#[test]
+fn split_streams_run_more_requests_than_slots_without_preemption_and_equal_solo_runs() {
+    let mut s = split_sched(4, 64, 64);
+    let mut f = Fake::split(4, 64);
+    let prompts: Vec<Vec<i32>> = (0..12).map(|i| prompt(i, 8 + i as usize)).collect();
+    let mut rxs: Vec<_> = prompts.iter().map(|p| submit(&mut s, p.clone(), 30, "g")).collect();
+    run(&mut s, &mut f);
+    assert_eq!(f.no_slot, 0);
+    assert_eq!(s.stats.preemptions.load(Ordering::Relaxed), 0, "a split stream always holds its sequence");
+    for (p, rx) in prompts.iter().zip(rxs.iter_mut()) {
+        let (toks, done) = drain(rx);
+        assert_eq!(toks, solo(p, 30));
+        assert_eq!(done.unwrap().completion_tokens, 30);
+    }
+    assert!(s.used_cells() <= 4 * 64);
+}
+
+#[test]
+fn split_streams_reuse_a_slot_in_place_and_copy_from_running_slots() {
+    let system = prompt(9, 40);
+    let mut s = split_sched(4, 128, 128);
+    let mut f = Fake::split(4, 128);
+    // 16 requests of one variant one after another: the system prompt is computed once
+    let mut computed = 0;
+    for i in 0..16 {
+        let p = with_system(&system, &[2 + i, 3, 4 + i]);
+        let mut rx = submit(&mut s, p.clone(), 5, "v");
+        run(&mut s, &mut f);
+        let (toks, done) = drain(&mut rx);
+        assert_eq!(toks, solo(&p, 5), "request {i}");
+        if i > 0 {
+            assert!(done.unwrap().shared_prompt_tokens >= 40, "request {i} reused the system prompt");
+        }
+        computed = s.stats.prompt_tokens_computed.load(Ordering::Relaxed);
+    }
+    assert_eq!(computed, 40 + 16 * 3, "the 40-token system prompt was computed once");
+    assert_eq!(s.stats.prefix_copies.load(Ordering::Relaxed), 0, "one after another: always the same slot, no copy");
+    // four at once: the first takes the cached slot in place, the others copy its stream
+    let prompts: Vec<Vec<i32>> = (0..4).map(|i| with_system(&system, &[50 + i, 51])).collect();
+    let mut rxs: Vec<_> = prompts.iter().map(|p| submit(&mut s, p.clone(), 5, "v")).collect();
+    run(&mut s, &mut f);
+    for (p, rx) in prompts.iter().zip(rxs.iter_mut()) {
+        let (toks, done) = drain(rx);
+        assert_eq!(toks, solo(p, 5), "a copied stream gives the tokens of a computed one");
+        assert!(done.unwrap().shared_prompt_tokens >= 40);
+    }
+    assert_eq!(s.stats.prefix_copies.load(Ordering::Relaxed), 3);
+    assert_eq!(s.stats.prompt_tokens_computed.load(Ordering::Relaxed), computed + 4 * 2);
+}
+
+#[test]
+fn concurrent_requests_wait_for_a_prefix_in_computation_instead_of_computing_it_again() {
+    // 8 variants × 16 requests, all submitted at once, 16 slots
+    let systems: Vec<Vec<i32>> = (0..8).map(|v| prompt(100 + v, 60)).collect();
+    let mut s = split_sched(16, 128, 128);
+    let mut f = Fake::split(16, 128);
+    let mut all = vec![];
+    for r in 0..16 {
+        for (v, sys) in systems.iter().enumerate() {
+            let p = with_system(sys, &[2 + r, 3 + v as i32]);
+            all.push((p.clone(), submit(&mut s, p, 4, &format!("v{v}"))));
+        }
+    }
+    run(&mut s, &mut f);
+    for (p, rx) in all.iter_mut() {
+        assert_eq!(drain(rx).0, solo(p, 4));
+    }
+    // a system prompt's last position is computed as part of a chunk; count whole prompts:
+    // computed prompt tokens ≤ 2 × 8 × 60 (each prefix at most twice) + 128 × 2 (the tails)
+    let computed = s.stats.prompt_tokens_computed.load(Ordering::Relaxed) as usize;
+    assert!(computed <= 2 * 8 * 60 + 128 * 2, "computed {computed} prompt tokens");
+    assert_eq!(f.no_slot, 0);
+}
+
+#[test]
+fn a_decode_batch_of_contiguous_slots_is_one_micro_batch() {
+    let mut s = split_sched(8, 64, 64);
+    let mut f = Fake::split(8, 64);
+    let _rxs: Vec<_> = (0..8).map(|i| submit(&mut s, prompt(i, 2 + i as usize % 3), 20, "g")).collect();
+    // first step: 8 prefills of different lengths (one batch); later steps: 8 decodes in slot order
+    s.step(&mut f);
+    let before = f.ubatches;
+    for _ in 0..10 {
+        s.step(&mut f);
+    }
+    assert_eq!(f.ubatches - before, 10, "each decode step of 8 contiguous slots is one micro-batch");
+    let slots: Vec<i32> = f.batch.iter().map(|b| b.2).collect();
+    assert!(slots.windows(2).all(|w| w[0] < w[1]), "batch in slot order: {slots:?}");
+}
+
+#[test]
+fn itl_target_holds_back_sequences_that_add_no_throughput() {
+    let mut cfg = SchedulerConfig::split(16, 64, 64);
+    cfg.max_itl = Some(Duration::from_millis(60));
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    // teach the model a saturated machine: 4 ms + 6 ms per sequence
+    for n in 1..=8 {
+        s.steps.observe(n, Duration::from_secs_f64(0.004 + 0.006 * n as f64));
+    }
+    let mut f = Fake::split(16, 64);
+    let _rxs: Vec<_> = (0..16).map(|i| submit(&mut s, prompt(i, 5), 50, "g")).collect();
+    s.step(&mut f);
+    assert_eq!(s.n_running(), 9, "9 sequences: 58 ms; a 10th only stretches every step");
+    assert_eq!(s.stats.itl_held.load(Ordering::Relaxed), 7);
 }

@@ -1,0 +1,469 @@
+//! Continuous batching at iteration level over one llama.cpp context.
+//!
+//! Every step: drop cancelled sequences, admit waiting ones (see `admission.rs`), make room by
+//! preemption if running sequences outgrow a unified cache, then build ONE batch with a token for
+//! every decoding sequence plus prefill chunks, decode it, and sample (`batch.rs`).
+//!
+//! KV accounting is exact and independent of llama.cpp (`kv.rs`): every position of every
+//! sequence names the cell that holds it. With split streams (the default) every slot owns a
+//! fixed stream of cells and a sequence never outgrows it; with a unified cache the scheduler
+//! keeps `used cells + cells still to be filled by admitted sequences <= kv_tokens`. Either way
+//! it never asks llama.cpp for more KV than the memory plan sized.
+//!
+//! Prompt reuse: a request takes the longest computed prefix of its prompt from a finished
+//! sequence's cached slot (in place, no copy) or from a running sequence (copied), and computes
+//! only the rest. A request whose best prefix is still being computed by another waits for it
+//! instead of computing it again (SGLang's in-batch rule), so concurrent requests of one variant
+//! compute its system prompt once.
+
+mod admission;
+mod batch;
+mod itl;
+mod kv;
+mod seq;
+mod stats;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::request::{Event, EventSender, Request};
+use crate::sampler::Sampler;
+use crate::text::TextStream;
+
+use kv::{Cached, CellTable, SlotPool};
+use seq::{Active, Seq};
+pub use stats::{EngineStats, StatsSnapshot};
+
+/// What the scheduler needs from a model + context. llama.cpp implements it in `engine.rs`;
+/// tests implement it with a tiny deterministic fake.
+pub trait Compute {
+    fn batch_capacity(&self) -> usize;
+    fn clear_batch(&mut self);
+    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool);
+    /// `Ok(false)`: no KV slot could be found for the batch.
+    fn decode(&mut self) -> Result<bool, String>;
+    fn logits(&self, batch_index: usize) -> &[f32];
+    fn remove_seq(&mut self, seq: i32);
+    /// Gives `dst` (which holds nothing) the KV of positions [0, len) of `src`.
+    fn share_prefix(&mut self, src: i32, dst: i32, len: usize);
+    /// Drops positions [len, ∞) of `seq`.
+    fn truncate_seq(&mut self, seq: i32, len: usize);
+    fn piece(&self, token: i32) -> Vec<u8>;
+    fn is_eog(&self, token: i32) -> bool;
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub kv_tokens: usize,
+    pub seq_slots: usize,
+    /// Per-sequence context: prompt + generated tokens never exceed it.
+    pub context: usize,
+    /// `Some(cells)`: one KV stream of that many cells per slot (llama.cpp `kv_unified = false`);
+    /// `None`: one unified pool of `kv_tokens` cells.
+    pub cells_per_slot: Option<usize>,
+    /// Shortest common prefix worth reusing (`usize::MAX`: no reuse).
+    pub min_shared_prefix: usize,
+    /// Requests that arrive within this window of the oldest waiting one are admitted in
+    /// random order, so no variant of a fan-out systematically goes first.
+    pub fair_window: Duration,
+    /// Test-only: admit without checking free KV cells (shows why the check matters).
+    pub admission_control: bool,
+    /// Inter-token latency target (see `itl.rs`); `None`: admit up to the slots and memory.
+    pub max_itl: Option<Duration>,
+    /// Seed of the tie-break stream (fixed in tests).
+    pub seed: u64,
+}
+
+impl SchedulerConfig {
+    /// A unified cache of `kv_tokens` cells shared by up to `seq_slots` sequences.
+    pub fn new(kv_tokens: usize, seq_slots: usize, context: usize) -> Self {
+        SchedulerConfig {
+            kv_tokens,
+            seq_slots,
+            context,
+            cells_per_slot: None,
+            min_shared_prefix: 16,
+            fair_window: Duration::from_millis(20),
+            admission_control: true,
+            max_itl: None,
+            seed: 0x5eed,
+        }
+    }
+
+    /// `seq_slots` streams of `cells_per_slot` cells each.
+    pub fn split(seq_slots: usize, cells_per_slot: usize, context: usize) -> Self {
+        SchedulerConfig { cells_per_slot: Some(cells_per_slot), ..Self::new(seq_slots * cells_per_slot, seq_slots, context) }
+    }
+
+    pub fn is_unified(&self) -> bool {
+        self.cells_per_slot.is_none()
+    }
+}
+
+/// Called after every engine step with its duration (metrics histograms hang off this).
+pub type StepObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    waiting: Vec<Seq>,
+    /// In admission order (newest last: the first to be preempted).
+    running: Vec<Active>,
+    slots: SlotPool,
+    cells: CellTable,
+    cache: Vec<Cached>,
+    rng: ChaCha8Rng,
+    next_id: u64,
+    stats: Arc<EngineStats>,
+    observer: Option<StepObserver>,
+    admissions: u64,
+    clock: u64,
+    steps: itl::StepModel,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, stats: Arc<EngineStats>) -> Self {
+        stats.kv_tokens_total.store(cfg.kv_tokens as u64, Ordering::Relaxed);
+        Scheduler {
+            slots: SlotPool::new(cfg.seq_slots),
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            cells: CellTable::default(),
+            cache: Vec::new(),
+            next_id: 0,
+            stats,
+            observer: None,
+            admissions: 0,
+            clock: 0,
+            steps: itl::StepModel::default(),
+        }
+    }
+
+    pub fn set_observer(&mut self, obs: StepObserver) {
+        self.observer = Some(obs);
+    }
+
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Every KV cell held, by running sequences and by cached prefixes.
+    pub fn used_cells(&self) -> usize {
+        self.cells.used()
+    }
+
+    /// Cells held by running sequences (cached prefixes excluded: they give way on demand).
+    pub fn active_cells(&self) -> usize {
+        let active: std::collections::HashSet<u32> = self.running.iter().flat_map(|s| s.cells.iter().copied()).collect();
+        active.len()
+    }
+
+    /// Finished sequences whose prefixes are kept.
+    pub fn cached_prefixes(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn n_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn caching(&self) -> bool {
+        self.cfg.admission_control && self.cfg.min_shared_prefix != usize::MAX
+    }
+
+    /// Queues a request. The engine handle counted it in `inflight` when it was submitted;
+    /// `enqueue_counted` is for callers (tests) that bypass the handle.
+    pub fn enqueue_counted(&mut self, req: Request, tx: EventSender) {
+        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+        self.enqueue(req, tx);
+    }
+
+    pub fn enqueue(&mut self, req: Request, tx: EventSender) {
+        let n_prompt = req.prompt.len();
+        let limit = (n_prompt + req.params.max_tokens as usize).min(self.cfg.context);
+        let seq = Seq {
+            id: self.next_id,
+            tokens: req.prompt,
+            n_prompt,
+            limit,
+            text: TextStream::new(req.params.stop.clone()),
+            sampler: Sampler::new(req.params),
+            tx,
+            group: req.group,
+            kv_share: req.kv_share,
+            priority: req.priority,
+            arrived: Instant::now(),
+            admitted: None,
+            first_token: None,
+            preemptions: 0,
+            shared_prompt_tokens: 0,
+        };
+        self.next_id += 1;
+        EngineStats::add(&self.stats.prompt_tokens, n_prompt);
+        self.waiting.push(seq);
+        self.publish();
+    }
+
+    /// Cells held plus cells still to fill by running sequences (the unified-cache bound).
+    fn demand(&self) -> usize {
+        self.cells.used() + self.running.iter().map(Active::pending).sum::<usize>()
+    }
+
+    fn publish(&self) {
+        {
+            let mut g = self.stats.lock_groups();
+            for v in g.values_mut() {
+                v.0 = 0;
+            }
+            for s in &self.running {
+                if let Some(name) = &s.seq.group {
+                    let e = g.entry(name.clone()).or_insert((0, 0));
+                    e.0 += s.cells.len() as u64;
+                }
+            }
+            for v in g.values_mut() {
+                v.1 = v.1.max(v.0);
+            }
+        }
+        let used = self.active_cells() as u64;
+        self.stats.kv_tokens_used.store(used, Ordering::Relaxed);
+        self.stats.kv_tokens_cached.store(self.cells.used() as u64 - used, Ordering::Relaxed);
+        self.stats.kv_tokens_peak.fetch_max(used, Ordering::Relaxed);
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
+    }
+
+    /// One iteration. Returns false when there was nothing to run.
+    pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
+        let t0 = Instant::now();
+        self.reap_cancelled(be);
+        self.admit(be);
+        if self.running.is_empty() {
+            self.publish();
+            return false;
+        }
+        self.ensure_room(be);
+        let plan = loop {
+            let plan = self.build_batch(be);
+            if plan.is_empty() {
+                self.publish();
+                return false;
+            }
+            match be.decode() {
+                Ok(true) => break plan,
+                Ok(false) if self.evict_lru(be, None) => {
+                    // llama.cpp found no room: cached prefixes go first
+                    continue;
+                }
+                Ok(false) => {
+                    tracing::debug!("no KV slot for the batch; preempting");
+                    if !self.cfg.admission_control {
+                        // what a server without a memory plan does: the batch fails
+                        self.fail_batch(be, &plan, "out of memory: no free KV cache cells for the batch (admission control is off)");
+                        self.publish();
+                        return true;
+                    }
+                    if self.running.len() <= 1 {
+                        self.fail_batch(be, &plan, "no KV cache slot for a single sequence");
+                        self.publish();
+                        return true;
+                    }
+                    self.preempt_newest(be);
+                }
+                Err(e) => {
+                    tracing::error!("llama_decode failed: {e}");
+                    self.fail_batch(be, &plan, &format!("decode failed: {e}"));
+                    self.publish();
+                    return true;
+                }
+            }
+        };
+        let decode_only = plan.iter().all(|p| p.n == 1);
+        self.after_decode(be, &plan);
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        let dt = t0.elapsed();
+        if decode_only {
+            self.steps.observe(plan.len(), dt);
+        }
+        self.stats.last_step_micros.store(dt.as_micros() as u64, Ordering::Relaxed);
+        if let Some(obs) = &self.observer {
+            obs(dt);
+        }
+        self.publish();
+        true
+    }
+
+    fn reap_cancelled<C: Compute>(&mut self, be: &mut C) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.tx.is_closed());
+        let mut cancelled = before - self.waiting.len();
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].seq.tx.is_closed() {
+                let a = self.running.remove(i);
+                self.release(be, a);
+                cancelled += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if cancelled > 0 {
+            EngineStats::add(&self.stats.cancellations, cancelled);
+            self.stats.inflight.fetch_sub(cancelled as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Frees a running sequence's cells and slot; what is left waits or finishes.
+    fn release<C: Compute>(&mut self, be: &mut C, a: Active) -> Seq {
+        be.remove_seq(a.slot);
+        self.slots.give_back(a.slot);
+        self.cells.release(&a.cells);
+        a.seq
+    }
+
+    /// Keeps a finished sequence's computed prefix in its slot for later requests.
+    fn keep_prefix<C: Compute>(&mut self, be: &mut C, a: Active) -> Seq {
+        if a.n_past < self.cfg.min_shared_prefix {
+            return self.release(be, a);
+        }
+        let tokens = a.seq.tokens[..a.n_past].to_vec();
+        // an older entry that this one extends is redundant
+        while let Some(i) = self.cache.iter().position(|c| tokens.starts_with(&c.tokens)) {
+            let c = self.cache.swap_remove(i);
+            self.drop_cached(be, c);
+        }
+        self.clock += 1;
+        self.cache.push(Cached { id: a.seq.id, slot: a.slot, tokens, cells: a.cells, last_used: self.clock });
+        a.seq
+    }
+
+    fn drop_cached<C: Compute>(&mut self, be: &mut C, c: Cached) {
+        be.remove_seq(c.slot);
+        self.slots.give_back(c.slot);
+        self.cells.release(&c.cells);
+    }
+
+    /// Drops one cached prefix (never `keep`); false when there is none. The victim is the entry
+    /// whose tokens are least uniquely held — the fewest positions past what another cached
+    /// entry or a running sequence also holds — and among those the least recently used. So a
+    /// variant's system prompt survives while copies of it go first: it is evicted only when no
+    /// other holder has it (a radix cache evicting leaves before shared inner nodes).
+    fn evict_lru<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> bool {
+        let unique = |i: usize| {
+            let c = &self.cache[i];
+            let shared_cached = self
+                .cache
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, o)| kv::common_prefix(&o.tokens, &c.tokens))
+                .max()
+                .unwrap_or(0);
+            let shared_running =
+                self.running.iter().map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens)).max().unwrap_or(0);
+            c.tokens.len() - shared_cached.max(shared_running)
+        };
+        let victim = (0..self.cache.len())
+            .filter(|&i| Some(self.cache[i].id) != keep)
+            .min_by_key(|&i| (unique(i), self.cache[i].last_used));
+        match victim {
+            Some(i) => {
+                let c = self.cache.swap_remove(i);
+                self.drop_cached(be, c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every cached prefix.
+    pub fn clear_cache<C: Compute>(&mut self, be: &mut C) {
+        while self.evict_lru(be, None) {}
+        self.publish();
+    }
+
+    /// Preempts the newest sequences until every running one can fill its pending cells
+    /// (unified cache only: a split stream always holds its own sequence), and groups over
+    /// their KV share give back their newest sequences.
+    fn ensure_room<C: Compute>(&mut self, be: &mut C) {
+        if !self.cfg.admission_control {
+            return;
+        }
+        while self.cfg.is_unified() && self.demand() > self.cfg.kv_tokens {
+            // cached prefixes give way before running sequences do
+            if self.evict_lru(be, None) {
+                continue;
+            }
+            if self.running.len() <= 1 {
+                break;
+            }
+            self.preempt_newest(be);
+        }
+        loop {
+            let over = self.running.iter().rposition(|a| {
+                let (Some(share), Some(g)) = (a.seq.kv_share, a.seq.group.as_deref()) else { return false };
+                let members = self.running.iter().filter(|r| r.seq.group.as_deref() == Some(g)).count();
+                members > 1 && self.group_demand(g) > self.quota_cells(share)
+            });
+            match over {
+                Some(i) => self.preempt_at(be, i),
+                None => break,
+            }
+        }
+    }
+
+    fn preempt_newest<C: Compute>(&mut self, be: &mut C) {
+        // never preempt a readiness probe while anything else can go
+        let idx = self.running.iter().rposition(|a| !a.seq.priority).unwrap_or(self.running.len() - 1);
+        self.preempt_at(be, idx);
+    }
+
+    fn preempt_at<C: Compute>(&mut self, be: &mut C, idx: usize) {
+        let a = self.running.remove(idx);
+        let mut s = self.release(be, a);
+        s.preemptions += 1;
+        self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(seq = s.id, tokens = s.tokens.len(), "preempted; will recompute");
+        self.waiting.push(s);
+    }
+
+    /// Drops everything (engine shutdown): waiting and running get an error event.
+    pub fn abort_all<C: Compute>(&mut self, be: &mut C, msg: &str) {
+        for s in std::mem::take(&mut self.waiting) {
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+            let _ = s.tx.send(Event::Error(msg.into()));
+        }
+        while let Some(a) = self.running.pop() {
+            let s = self.release(be, a);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+            let _ = s.tx.send(Event::Error(msg.into()));
+        }
+        while self.evict_lru(be, None) {}
+        self.publish();
+    }
+
+    /// Running sequences per group and the cells they hold (for quotas and tests).
+    pub fn cells_by_group(&self) -> std::collections::HashMap<Option<String>, usize> {
+        let mut m = std::collections::HashMap::new();
+        for a in &self.running {
+            *m.entry(a.seq.group.clone()).or_insert(0) += a.cells.len();
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,76 @@
+//! A sequence's life: [`Seq`] is a request with everything that survives a preemption (its
+//! tokens so far, sampler state, text stream, channel, timings); [`Active`] is a `Seq` that holds
+//! a slot and KV cells. The state owns the slot: a waiting `Seq` has none, an `Active` always has
+//! one, so no code path can decode a sequence without a slot or leak one on preemption.
+//!
+//! waiting (`Seq`) → prefilling (`Active`, more than one token to compute) → decoding (`Active`,
+//! one token to compute) → finished (a `Completion`; its KV may stay as a cached prefix) — or
+//! back to waiting when preempted (unified KV only) and recomputed on readmission.
+
+use std::time::Instant;
+
+use crate::request::EventSender;
+use crate::sampler::Sampler;
+use crate::text::TextStream;
+
+pub(super) struct Seq {
+    pub id: u64,
+    /// Prompt followed by every generated token.
+    pub tokens: Vec<i32>,
+    pub n_prompt: usize,
+    /// Hard stop: min(prompt + max_tokens, context).
+    pub limit: usize,
+    pub sampler: Sampler,
+    pub text: TextStream,
+    pub tx: EventSender,
+    pub group: Option<String>,
+    pub kv_share: Option<f64>,
+    pub priority: bool,
+    pub arrived: Instant,
+    pub admitted: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub preemptions: u32,
+    /// Prompt tokens whose KV came from elsewhere at first admission.
+    pub shared_prompt_tokens: usize,
+}
+
+impl Seq {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.n_prompt
+    }
+    pub fn uses_prompt_cache(&self) -> bool {
+        self.sampler.params().uses_prompt_cache()
+    }
+}
+
+/// Where a running sequence is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// More than one position left to compute before the next logits.
+    Prefilling,
+    /// Exactly one: the last sampled token.
+    Decoding,
+}
+
+/// A sequence that holds a slot (llama.cpp sequence id) and the cells of positions [0, n_past).
+pub(super) struct Active {
+    pub seq: Seq,
+    pub slot: i32,
+    /// Positions already in the KV cache.
+    pub n_past: usize,
+    /// Cell id of each position in [0, n_past) (scheduler accounting, see `kv.rs`).
+    pub cells: Vec<u32>,
+}
+
+impl Active {
+    pub fn pending(&self) -> usize {
+        self.seq.tokens.len() - self.n_past
+    }
+    pub fn phase(&self) -> Phase {
+        if self.pending() == 1 {
+            Phase::Decoding
+        } else {
+            Phase::Prefilling
+        }
+    }
+}

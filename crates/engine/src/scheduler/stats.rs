@@ -1,0 +1,104 @@
+//! Live counters of the engine, written by the scheduler only and readable from any thread.
+//!
+//! Fields are private to the crate: the scheduler is the one writer (besides `Engine::submit`,
+//! which counts a request as in flight before it reaches the engine thread). Readers take a
+//! [`StatsSnapshot`] or [`EngineStats::groups`]. The per-group table is behind a mutex that is
+//! never held across a panic-prone call, and a poisoned lock is read through, so a panic on one
+//! side cannot take the other down.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub(crate) kv_tokens_total: AtomicU64,
+    pub(crate) kv_tokens_used: AtomicU64,
+    pub(crate) running: AtomicU64,
+    pub(crate) waiting: AtomicU64,
+    pub(crate) preemptions: AtomicU64,
+    pub(crate) cancellations: AtomicU64,
+    /// Prompt tokens of every request submitted.
+    pub(crate) prompt_tokens: AtomicU64,
+    /// Prompt positions llama.cpp really computed (a recompute after preemption counts again).
+    pub(crate) prompt_tokens_computed: AtomicU64,
+    pub(crate) generated_tokens: AtomicU64,
+    /// Prompt tokens whose KV came from another sequence or a cached prefix.
+    pub(crate) shared_prompt_tokens: AtomicU64,
+    /// Whole-stream copies between slots (split KV streams only).
+    pub(crate) prefix_copies: AtomicU64,
+    pub(crate) steps: AtomicU64,
+    pub(crate) last_step_micros: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    /// Largest number of cells ever in use by running sequences.
+    pub(crate) kv_tokens_peak: AtomicU64,
+    /// Requests submitted and not yet finished (queued in the channel, waiting or running).
+    pub(crate) inflight: AtomicU64,
+    /// Cells held only by cached prefixes of finished sequences (free on demand).
+    pub(crate) kv_tokens_cached: AtomicU64,
+    /// Waiting requests held back by the inter-token-latency target (last step).
+    pub(crate) itl_held: AtomicU64,
+    /// Cells held per group (experiment): (now, peak).
+    groups: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+impl EngineStats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            kv_tokens_total: l(&self.kv_tokens_total),
+            kv_tokens_used: l(&self.kv_tokens_used),
+            kv_tokens_peak: l(&self.kv_tokens_peak),
+            kv_tokens_cached: l(&self.kv_tokens_cached),
+            running: l(&self.running),
+            waiting: l(&self.waiting),
+            preemptions: l(&self.preemptions),
+            cancellations: l(&self.cancellations),
+            prompt_tokens: l(&self.prompt_tokens),
+            prompt_tokens_computed: l(&self.prompt_tokens_computed),
+            generated_tokens: l(&self.generated_tokens),
+            shared_prompt_tokens: l(&self.shared_prompt_tokens),
+            prefix_copies: l(&self.prefix_copies),
+            steps: l(&self.steps),
+            completed: l(&self.completed),
+            inflight: l(&self.inflight),
+            itl_held: l(&self.itl_held),
+        }
+    }
+
+    /// Cells held per group (experiment) now and at peak, sorted by name.
+    pub fn groups(&self) -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = self.lock_groups().iter().map(|(k, &(now, peak))| (k.clone(), now, peak)).collect();
+        v.sort();
+        v
+    }
+
+    pub(crate) fn lock_groups(&self) -> MutexGuard<'_, HashMap<String, (u64, u64)>> {
+        self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub kv_tokens_total: u64,
+    pub kv_tokens_used: u64,
+    pub kv_tokens_peak: u64,
+    pub kv_tokens_cached: u64,
+    pub running: u64,
+    pub waiting: u64,
+    pub preemptions: u64,
+    pub cancellations: u64,
+    pub prompt_tokens: u64,
+    pub prompt_tokens_computed: u64,
+    pub generated_tokens: u64,
+    pub shared_prompt_tokens: u64,
+    pub prefix_copies: u64,
+    pub steps: u64,
+    pub completed: u64,
+    pub inflight: u64,
+    pub itl_held: u64,
+}
