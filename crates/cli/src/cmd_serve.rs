@@ -47,13 +47,17 @@ pub struct ServeArgs {
     /// Where experiments, exposures and events are stored (SQLite).
     #[arg(long, default_value = "abserve-data")]
     pub data_dir: std::path::PathBuf,
-    /// Test-only: admit without checking free KV cells.
+    /// Test-only: admit without checking free KV cells, in one unified KV pool (the only layout
+    /// that can run out: a split stream always holds its own sequence).
     #[arg(long, hide = true)]
     pub unsafe_no_admission_control: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
+    if a.unsafe_no_admission_control {
+        cfg.kv_unified = true;
+    }
     let (_, plan) = cfg.plan()?;
     plan.check_fits()?;
     let max_queue = a.max_queue.unwrap_or(2 * plan.seq_slots as usize);

@@ -184,7 +184,8 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_ten_streams_frees_their_cells() {
-    let s = Server::start(&[]);
+    // 16 slots × 512 cells: all ten streams run at once
+    let s = Server::start(&["--kv-tokens", "8192"]);
     let c = client();
     let mut streams = vec![];
     for i in 0..10 {

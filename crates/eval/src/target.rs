@@ -273,6 +273,9 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
         stop: call.stop.clone().unwrap_or_default(),
         presence_penalty: call.presence_penalty.unwrap_or(0.0),
         frequency_penalty: call.frequency_penalty.unwrap_or(0.0),
+        // every variant alike reuses cached prompt prefixes (its system prompt is computed once
+        // per run, not once per row); see docs/engine.md for what a seed then guarantees
+        cache_prompt: Some(true),
         ..d
     };
     if let Err((field, msg)) = params.validate() {
