@@ -52,6 +52,11 @@ pub struct ModelArgs {
     /// throughput (>= 5%). 0 turns it off.
     #[arg(long, default_value_t = 0.0)]
     pub max_itl_ms: f64,
+    /// Host memory for saved prompt prefixes (llama.cpp sequence states restorable into any
+    /// slot), taken from the budget: bytes (`64MiB`) or 0 for none [default: 5% of the budget;
+    /// none with --kv-unified].
+    #[arg(long, value_parser = abserve_engine::plan::parse_bytes)]
+    pub prefix_store: Option<u64>,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -86,6 +91,7 @@ impl ModelArgs {
             anyhow::bail!("--max-itl-ms must be 0 (off) or a positive number of milliseconds, got {}", self.max_itl_ms);
         }
         c.max_itl_ms = self.max_itl_ms;
+        c.prefix_store = self.prefix_store;
         if let Some(t) = self.threads {
             c.threads = t.max(1);
         }

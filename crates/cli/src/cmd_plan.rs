@@ -73,6 +73,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 kv_tokens_cap: cfg.kv_tokens_cap,
                 flash_attention: cfg.flash_attention,
                 kv_unified: cfg.kv_unified,
+                prefix_store: cfg.prefix_store,
             });
             (plan, "hypothetical".to_string())
         }
@@ -94,6 +95,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("weights", format!("{} ({} B)", human_bytes(plan.weights_bytes), plan.weights_bytes)),
         ("kv per token", format!("{} B ({})", plan.kv_bytes_per_token, plan.kv_type)),
         ("compute buffers", human_bytes(plan.compute_bytes)),
+        ("prefix store", human_bytes(plan.prefix_store_bytes)),
         ("budget", format!("{} ({} B)", human_bytes(plan.budget_bytes), plan.budget_bytes)),
         ("margin", human_bytes(plan.margin_bytes)),
         ("usable", human_bytes(plan.usable_bytes)),

@@ -248,6 +248,16 @@ impl<'m> Context<'m> {
         let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None);
     }
 
+    /// The KV of `seq` copied to host memory (llama.cpp's sequence state: its cells only).
+    pub fn save_seq(&self, seq: i32) -> Option<llama_cpp_2::SeqState> {
+        self.ctx.state_seq_get(seq, llama_cpp_2::LlamaStateSeqFlags::empty()).ok()
+    }
+
+    /// Loads a saved state into `seq` (which may differ from the one it was saved from).
+    pub fn restore_seq(&mut self, state: &llama_cpp_2::SeqState, seq: i32) -> bool {
+        self.ctx.state_seq_set(state, seq).is_ok()
+    }
+
     pub fn seq_pos_max(&self, seq: i32) -> i32 {
         self.ctx.kv_cache_seq_pos_max(seq)
     }

@@ -49,6 +49,8 @@ pub struct EngineConfig {
     /// Inter-token latency target: one more decoding sequence is not admitted when the measured
     /// step time would pass it and the extra sequence would add little throughput. 0: off.
     pub max_itl_ms: f64,
+    /// Host-memory prefix store bytes (`None`: 5% of the budget with split streams; 0: off).
+    pub prefix_store: Option<u64>,
 }
 
 impl EngineConfig {
@@ -71,6 +73,7 @@ impl EngineConfig {
             memory_total: None,
             kv_unified: false,
             max_itl_ms: 0.0,
+            prefix_store: None,
         }
     }
 
@@ -91,6 +94,7 @@ impl EngineConfig {
             kv_tokens_cap: self.kv_tokens_cap,
             flash_attention: self.flash_attention,
             kv_unified: self.kv_unified,
+            prefix_store: if self.prefix_sharing { self.prefix_store } else { Some(0) },
         });
         Ok((header, plan))
     }
@@ -167,6 +171,17 @@ impl Compute for LlamaCompute<'_> {
     fn truncate_seq(&mut self, seq: i32, len: usize) {
         self.ctx.truncate_seq(seq, len)
     }
+    fn save_seq(&mut self, seq: i32) -> Option<(crate::scheduler::Snapshot, usize)> {
+        let st = self.ctx.save_seq(seq)?;
+        let n = st.byte_len();
+        Some((Box::new(st), n))
+    }
+    fn restore_seq(&mut self, snap: &crate::scheduler::Snapshot, seq: i32) -> bool {
+        match snap.downcast_ref::<llama_cpp_2::SeqState>() {
+            Some(st) => self.ctx.restore_seq(st, seq),
+            None => false,
+        }
+    }
     fn piece(&self, token: i32) -> Vec<u8> {
         self.model.piece(token)
     }
@@ -208,6 +223,7 @@ impl Engine {
             if !plan.kv_unified {
                 sched_cfg.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
             }
+            sched_cfg.prefix_store_bytes = plan.prefix_store_bytes as usize;
             sched_cfg.max_itl = (cfg.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(cfg.max_itl_ms / 1e3));
             sched_cfg.admission_control = cfg.admission_control;
             if !cfg.prefix_sharing {

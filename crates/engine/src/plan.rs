@@ -173,6 +173,9 @@ pub struct PlanRequest {
     /// One KV pool shared by every sequence (`true`) or one fixed stream of cells per sequence
     /// slot (`false`, the default: each token attends only to its own sequence's cells).
     pub kv_unified: bool,
+    /// Host-memory prefix store in bytes; `None`: 5% of the budget with split streams, none
+    /// with a unified cache.
+    pub prefix_store: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -200,7 +203,9 @@ pub struct MemoryPlan {
     /// Cells each slot's stream holds (split streams: `pad256(context)`, no borrowing between
     /// slots, so `kv_tokens = seq_slots × kv_cells_per_slot`); unified: `kv_tokens`.
     pub kv_cells_per_slot: u64,
-    /// weights + kv + compute.
+    /// Host memory for saved prompt prefixes (split streams), taken from the budget before KV.
+    pub prefix_store_bytes: u64,
+    /// weights + kv + compute + prefix store.
     pub planned_bytes: u64,
     /// How many separate copies of the model (each with one sequence of `context`) fit in the
     /// usable budget: the naive harness's question.
@@ -265,11 +270,13 @@ impl MemoryPlan {
         // weights + compute(kv) + kv × per_token <= usable for the largest kv
         let fixed = compute_estimate(s, req.n_batch, max_slots, 0, req.flash_attention);
         let per_cell_compute = compute_estimate(s, req.n_batch, max_slots, 1, req.flash_attention) - fixed;
-        let room = usable_bytes.saturating_sub(req.weights_bytes + fixed);
+        let prefix_store_bytes = if req.kv_unified { 0 } else { req.prefix_store.unwrap_or(budget_bytes / 20) };
+        let room = usable_bytes.saturating_sub(req.weights_bytes + fixed + prefix_store_bytes);
         let mut fit = room / (kv_bytes_per_token + per_cell_compute).max(1);
         if req.flash_attention {
             // the flash-attention scratch stops growing at 4096 cells
-            let room2 = usable_bytes.saturating_sub(req.weights_bytes + compute_estimate(s, req.n_batch, max_slots, 4096, true));
+            let room2 = usable_bytes
+                .saturating_sub(req.weights_bytes + prefix_store_bytes + compute_estimate(s, req.n_batch, max_slots, 4096, true));
             fit = fit.max(room2 / kv_bytes_per_token.max(1));
         }
         let (kv_tokens, seq_slots, kv_cells_per_slot, max_sequences) = if req.kv_unified {
@@ -285,7 +292,7 @@ impl MemoryPlan {
             + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
             + per_slot * kv_bytes_per_token;
         let copies_that_fit = usable_bytes / min_copy.max(1);
-        let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes;
+        let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes + prefix_store_bytes;
         MemoryPlan {
             weights_bytes: req.weights_bytes,
             kv_type: req.kv_type,
@@ -303,6 +310,7 @@ impl MemoryPlan {
             flash_attention: req.flash_attention,
             kv_unified: req.kv_unified,
             kv_cells_per_slot,
+            prefix_store_bytes,
             planned_bytes,
             copies_that_fit,
             fits: max_sequences >= 1 && planned_bytes <= usable_bytes,
@@ -338,13 +346,14 @@ impl MemoryPlan {
     pub fn summary_lines(&self) -> Vec<String> {
         vec![
             format!(
-                "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, budget {} (margin {})",
+                "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, prefix store {}, budget {} (margin {})",
                 human_bytes(self.weights_bytes),
                 human_bytes(self.kv_bytes),
                 self.kv_tokens,
                 self.kv_bytes_per_token,
                 self.kv_type,
                 human_bytes(self.compute_bytes),
+                human_bytes(self.prefix_store_bytes),
                 human_bytes(self.budget_bytes),
                 human_bytes(self.margin_bytes),
             ),
@@ -394,6 +403,7 @@ mod tests {
             kv_tokens_cap: None,
             flash_attention: false,
             kv_unified: true,
+            prefix_store: None,
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Metrics {
     prompt_tokens_reused: IntCounter,
     prefix_copies: IntCounter,
     itl_held: IntGauge,
+    prefix_store_bytes: IntGauge,
+    prefix_store_entries: IntGauge,
+    prefix_restores: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -56,6 +59,7 @@ impl Metrics {
         planned.with_label_values(&["weights"]).set(plan.weights_bytes as i64);
         planned.with_label_values(&["kv"]).set(plan.kv_bytes as i64);
         planned.with_label_values(&["compute"]).set(plan.compute_bytes as i64);
+        planned.with_label_values(&["prefix_store"]).set(plan.prefix_store_bytes as i64);
         reg(Box::new(planned));
         // a constant, typed as a counter because Prometheus reserves the _total suffix for them
         let kv_total = IntCounter::new("abserve_kv_tokens_total", "KV cache cells (tokens) the plan allocated; constant").unwrap();
@@ -141,6 +145,9 @@ impl Metrics {
                 "Prompt tokens whose KV was reused from a cached slot or another running sequence",
             ),
             prefix_copies: counter("abserve_prefix_copies_total", "KV streams copied from one slot to another to reuse a prefix"),
+            prefix_store_bytes: gauge("abserve_prefix_store_bytes", "Host memory held by saved prompt prefixes"),
+            prefix_store_entries: gauge("abserve_prefix_store_entries", "Prompt prefixes saved in host memory"),
+            prefix_restores: counter("abserve_prefix_restores_total", "Prompt prefixes restored from host memory into a slot"),
             itl_held: gauge(
                 "abserve_requests_held_for_latency",
                 "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
@@ -201,6 +208,9 @@ impl Metrics {
         bump(&self.prompt_tokens_reused, s.shared_prompt_tokens);
         bump(&self.prefix_copies, s.prefix_copies);
         self.itl_held.set(s.itl_held as i64);
+        self.prefix_store_bytes.set(s.prefix_store_bytes as i64);
+        self.prefix_store_entries.set(s.prefix_store_entries as i64);
+        bump(&self.prefix_restores, s.prefix_restores);
         // experiment names are defined by the operator, so this label stays bounded
         for (name, now, peak) in self.stats.groups() {
             self.experiment_kv.with_label_values(&[name.as_str()]).set(now as i64);

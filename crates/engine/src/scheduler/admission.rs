@@ -1,6 +1,10 @@
 //! Admission: which waiting request goes next, where its prompt's KV comes from, and whether
 //! memory, its group's KV share and the inter-token-latency target let it in.
 //!
+//! Prefix sources, longest first (ties: cached slot, then the host-memory store, then a running
+//! sequence): a cached slot is taken in place; a stored prefix is restored into a free slot; a
+//! running sequence's stream is copied.
+//!
 //! Order: readiness probes first; then, among requests that arrived within `fair_window` of the
 //! oldest eligible one, a seeded random pick (the variants of a fan-out do not go in loop order).
 //! A request whose longest reusable prefix is still being computed by a running sequence is
@@ -26,6 +30,8 @@ use std::sync::atomic::Ordering;
 pub(super) enum Source {
     /// A finished sequence's cached slot (taken in place).
     Cached { id: u64 },
+    /// The host-memory prefix store (restored into a free slot).
+    Stored { id: u64 },
     /// A running sequence (copied, or shared in a unified cache); `ready` once it has computed
     /// the positions.
     Running { id: u64, ready: bool },
@@ -84,6 +90,15 @@ impl Scheduler {
                 if let Some(l) = usable(common_prefix(&c.tokens, tokens)) {
                     if best.is_none_or(|(_, b)| l > b) {
                         best = Some((Source::Cached { id: c.id }, l));
+                    }
+                }
+            }
+        }
+        if use_cache {
+            for e in &self.store.entries {
+                if let Some(l) = usable(common_prefix(&e.tokens, tokens)) {
+                    if best.is_none_or(|(_, b)| l > b) {
+                        best = Some((Source::Stored { id: e.id }, l));
                     }
                 }
             }
@@ -187,6 +202,18 @@ impl Scheduler {
                 self.slots.take_lowest().expect("an evicted cached prefix frees its slot")
             }
         };
+        if let Some((Source::Stored { id }, len)) = source {
+            self.clock += 1;
+            let e = self.store.entries.iter_mut().find(|e| e.id == id).expect("source found in this admission");
+            e.last_used = self.clock;
+            if be.restore_seq(&e.snap, slot) {
+                be.truncate_seq(slot, len);
+                self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
+                return Some(Active { seq: s, slot, n_past: len, cells: self.cells.alloc_n(len) });
+            }
+            be.remove_seq(slot);
+            return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
+        }
         let Some((Source::Running { id, .. }, len)) = source else {
             return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
         };

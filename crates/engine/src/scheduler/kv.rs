@@ -94,3 +94,48 @@ pub(super) struct Cached {
 pub(super) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
+
+/// A prefix saved to host memory (llama.cpp sequence state), restorable into any free slot:
+/// a variant's system prompt outlives the slot that computed it. Bounded in bytes (counted in
+/// the memory plan), least recently used first out.
+pub(super) struct Stored {
+    pub id: u64,
+    pub tokens: Vec<i32>,
+    pub snap: super::Snapshot,
+    pub bytes: usize,
+    pub last_used: u64,
+}
+
+#[derive(Default)]
+pub(super) struct PrefixStore {
+    pub entries: Vec<Stored>,
+    pub bytes: usize,
+    pub cap: usize,
+}
+
+impl PrefixStore {
+    pub fn new(cap: usize) -> Self {
+        PrefixStore { entries: Vec::new(), bytes: 0, cap }
+    }
+    pub fn enabled(&self) -> bool {
+        self.cap > 0
+    }
+    /// Longest common prefix any entry has with `tokens`.
+    pub fn best_common(&self, tokens: &[i32]) -> usize {
+        self.entries.iter().map(|e| common_prefix(&e.tokens, tokens)).max().unwrap_or(0)
+    }
+    /// Adds an entry, dropping entries it extends and then the least recently used until it
+    /// fits. An entry larger than the whole store is not kept.
+    pub fn insert(&mut self, e: Stored) {
+        if e.bytes > self.cap {
+            return;
+        }
+        self.entries.retain(|o| !e.tokens.starts_with(&o.tokens));
+        while self.entries.iter().map(|o| o.bytes).sum::<usize>() + e.bytes > self.cap {
+            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { break };
+            self.entries.swap_remove(i);
+        }
+        self.entries.push(e);
+        self.bytes = self.entries.iter().map(|o| o.bytes).sum();
+    }
+}

@@ -34,7 +34,7 @@ use crate::request::{Event, EventSender, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
-use kv::{Cached, CellTable, SlotPool};
+use kv::{Cached, CellTable, PrefixStore, SlotPool, Stored};
 use seq::{Active, Seq};
 pub use stats::{EngineStats, StatsSnapshot};
 
@@ -52,6 +52,10 @@ pub trait Compute {
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize);
     /// Drops positions [len, ∞) of `seq`.
     fn truncate_seq(&mut self, seq: i32, len: usize);
+    /// The KV of `seq` copied to host memory, with its size in bytes (the prefix store).
+    fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)>;
+    /// Loads a saved KV into `seq` (which holds nothing); false if the backend refused it.
+    fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool;
     fn piece(&self, token: i32) -> Vec<u8>;
     fn is_eog(&self, token: i32) -> bool;
 }
@@ -74,6 +78,8 @@ pub struct SchedulerConfig {
     pub admission_control: bool,
     /// Inter-token latency target (see `itl.rs`); `None`: admit up to the slots and memory.
     pub max_itl: Option<Duration>,
+    /// Host-memory prefix store in bytes (split streams only; 0: off).
+    pub prefix_store_bytes: usize,
     /// Seed of the tie-break stream (fixed in tests).
     pub seed: u64,
 }
@@ -90,6 +96,7 @@ impl SchedulerConfig {
             fair_window: Duration::from_millis(20),
             admission_control: true,
             max_itl: None,
+            prefix_store_bytes: 0,
             seed: 0x5eed,
         }
     }
@@ -104,6 +111,9 @@ impl SchedulerConfig {
     }
 }
 
+/// A sequence's KV saved to host memory by [`Compute::save_seq`]; opaque to the scheduler.
+pub type Snapshot = Box<dyn std::any::Any + Send>;
+
 /// Called after every engine step with its duration (metrics histograms hang off this).
 pub type StepObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
@@ -115,6 +125,7 @@ pub struct Scheduler {
     slots: SlotPool,
     cells: CellTable,
     cache: Vec<Cached>,
+    store: PrefixStore,
     rng: ChaCha8Rng,
     next_id: u64,
     stats: Arc<EngineStats>,
@@ -127,7 +138,9 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, stats: Arc<EngineStats>) -> Self {
         stats.kv_tokens_total.store(cfg.kv_tokens as u64, Ordering::Relaxed);
+        let store = PrefixStore::new(if cfg.is_unified() { 0 } else { cfg.prefix_store_bytes });
         Scheduler {
+            store,
             slots: SlotPool::new(cfg.seq_slots),
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
@@ -346,6 +359,16 @@ impl Scheduler {
             self.drop_cached(be, c);
         }
         self.clock += 1;
+        // the store keeps a copy unless it already holds what this sequence reused and at least
+        // half its prompt (later requests of a variant do not store its system prompt again)
+        let covered = a.seq.shared_prompt_tokens.max(a.seq.n_prompt / 2).max(self.cfg.min_shared_prefix);
+        if self.store.enabled() && self.store.best_common(&tokens) < covered {
+            if let Some((snap, bytes)) = be.save_seq(a.slot) {
+                self.store.insert(Stored { id: a.seq.id, tokens: tokens.clone(), snap, bytes, last_used: self.clock });
+                self.stats.prefix_store_bytes.store(self.store.bytes as u64, Ordering::Relaxed);
+                self.stats.prefix_store_entries.store(self.store.entries.len() as u64, Ordering::Relaxed);
+            }
+        }
         self.cache.push(Cached { id: a.seq.id, slot: a.slot, tokens, cells: a.cells, last_used: self.clock });
         a.seq
     }

@@ -36,6 +36,10 @@ pub struct EngineStats {
     pub(crate) inflight: AtomicU64,
     /// Cells held only by cached prefixes of finished sequences (free on demand).
     pub(crate) kv_tokens_cached: AtomicU64,
+    /// Host-memory prefix store: bytes and entries held, restores made.
+    pub(crate) prefix_store_bytes: AtomicU64,
+    pub(crate) prefix_store_entries: AtomicU64,
+    pub(crate) prefix_restores: AtomicU64,
     /// Waiting requests held back by the inter-token-latency target (last step).
     pub(crate) itl_held: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
@@ -63,6 +67,9 @@ impl EngineStats {
             completed: l(&self.completed),
             inflight: l(&self.inflight),
             itl_held: l(&self.itl_held),
+            prefix_store_bytes: l(&self.prefix_store_bytes),
+            prefix_store_entries: l(&self.prefix_store_entries),
+            prefix_restores: l(&self.prefix_restores),
         }
     }
 
@@ -101,4 +108,7 @@ pub struct StatsSnapshot {
     pub completed: u64,
     pub inflight: u64,
     pub itl_held: u64,
+    pub prefix_store_bytes: u64,
+    pub prefix_store_entries: u64,
+    pub prefix_restores: u64,
 }

@@ -211,6 +211,24 @@ impl Compute for Fake {
             }
         }
     }
+    fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
+        let cells: Vec<(usize, i32)> =
+            self.cells.iter().flatten().filter(|c| c.seqs.contains(&seq)).map(|c| (c.pos, c.token)).collect();
+        let n = cells.len() * 8;
+        Some((Box::new(cells), n))
+    }
+    fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
+        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&seq)), "restore into a sequence that holds cells");
+        let cells = snap.downcast_ref::<Vec<(usize, i32)>>().expect("fake snapshot");
+        let free: Vec<usize> = self.stream(seq).filter(|&i| self.cells[i].is_none()).collect();
+        if free.len() < cells.len() {
+            return false;
+        }
+        for (k, &(pos, token)) in cells.iter().enumerate() {
+            self.cells[free[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+        }
+        true
+    }
     fn truncate_seq(&mut self, seq: i32, len: usize) {
         for c in self.cells.iter_mut() {
             if let Some(cell) = c {
@@ -623,4 +641,35 @@ fn itl_target_holds_back_sequences_that_add_no_throughput() {
     s.step(&mut f);
     assert_eq!(s.n_running(), 9, "9 sequences: 58 ms; a 10th only stretches every step");
     assert_eq!(s.stats.itl_held.load(Ordering::Relaxed), 7);
+}
+
+#[test]
+fn a_prefix_whose_slot_was_reused_comes_back_from_the_host_store() {
+    let mut cfg = SchedulerConfig::split(2, 128, 128);
+    cfg.prefix_store_bytes = 4096;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::split(2, 128);
+    let system = prompt(42, 50);
+    let mut first = submit(&mut s, with_system(&system, &[5, 6]), 4, "a");
+    run(&mut s, &mut f);
+    assert_eq!(drain(&mut first).0, solo(&with_system(&system, &[5, 6]), 4));
+    // two unrelated requests take both slots, so the system prompt's cached slot is reused
+    let mut others: Vec<_> = (0..2).map(|i| submit(&mut s, prompt(200 + i, 30), 4, "b")).collect();
+    run(&mut s, &mut f);
+    others.iter_mut().for_each(|rx| assert!(drain(rx).1.is_some()));
+    assert!(s.cache.iter().all(|c| common_prefix_len(&c.tokens, &system) < 16), "the slot copy is gone");
+    let before = s.stats.prompt_tokens_computed.load(Ordering::Relaxed);
+    let p = with_system(&system, &[7, 8, 9]);
+    let mut again = submit(&mut s, p.clone(), 4, "a");
+    run(&mut s, &mut f);
+    let (toks, done) = drain(&mut again);
+    assert_eq!(toks, solo(&p, 4), "a restored prefix gives the tokens of a computed one");
+    assert!(done.unwrap().shared_prompt_tokens >= 50);
+    assert_eq!(s.stats.prefix_restores.load(Ordering::Relaxed), 1);
+    assert_eq!(s.stats.prompt_tokens_computed.load(Ordering::Relaxed) - before, 3, "only the question was computed");
+    assert!(s.store.bytes <= 4096);
+}
+
+fn common_prefix_len(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
