@@ -55,14 +55,11 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
-    if a.unsafe_no_admission_control {
-        cfg.kv_unified = true;
-    }
+    cfg.admission_control = !a.unsafe_no_admission_control;
     let (_, plan) = cfg.plan()?;
     plan.check_fits()?;
     let max_queue = a.max_queue.unwrap_or(2 * plan.seq_slots as usize);
     cfg.max_waiting = max_queue;
-    cfg.admission_control = !a.unsafe_no_admission_control;
     for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout)] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");

@@ -153,6 +153,8 @@ impl Model {
 /// The one llama.cpp context; lives on the engine thread only.
 pub struct Context<'m> {
     ctx: LlamaContext<'m>,
+    /// One KV pool (true) or one stream per sequence (false), as the plan laid it out.
+    unified: bool,
     batch: LlamaBatch<'static>,
     batch_cap: usize,
 }
@@ -189,7 +191,7 @@ impl<'m> Context<'m> {
             .new_context(backend(), params)
             .map_err(|_| BackendError::Context(plan.kv_tokens))?;
         let batch_cap = n_batch as usize;
-        Ok(Context { ctx, batch: LlamaBatch::new(batch_cap, 1), batch_cap })
+        Ok(Context { ctx, unified: plan.kv_unified, batch: LlamaBatch::new(batch_cap, 1), batch_cap })
     }
 
     pub fn batch_capacity(&self) -> usize {
@@ -234,8 +236,8 @@ impl<'m> Context<'m> {
     /// sequences (a partial range aborts the process), so the whole of `src`'s stream is copied
     /// (the data lands at the next decode, before that batch writes anything) and `dst` is then
     /// cut back to `len` positions.
-    pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize, unified: bool) {
-        if unified {
+    pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        if self.unified {
             let _ = self.ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
         } else {
             let _ = self.ctx.copy_kv_cache_seq(src, dst, None, None);

@@ -35,6 +35,7 @@ pub struct EngineConfig {
     /// Waiting requests beyond which `submit` answers QueueFull.
     pub max_waiting: usize,
     pub use_mmap: bool,
+    /// Test-only off: admit without checking free KV cells (in a unified pool, see `plan`).
     pub admission_control: bool,
     /// Share the KV of common prompt prefixes between sequences.
     pub prefix_sharing: bool,
@@ -93,7 +94,9 @@ impl EngineConfig {
             max_sequences: self.max_sequences,
             kv_tokens_cap: self.kv_tokens_cap,
             flash_attention: self.flash_attention,
-            kv_unified: self.kv_unified,
+            // without admission control only a unified pool can run out (a split stream always
+            // holds its own sequence), and that is what the switch exists to show
+            kv_unified: self.kv_unified || !self.admission_control,
             prefix_store: if self.prefix_sharing { self.prefix_store } else { Some(0) },
         });
         Ok((header, plan))
@@ -143,7 +146,6 @@ pub struct Engine {
 struct LlamaCompute<'m> {
     model: &'m Model,
     ctx: Context<'m>,
-    unified: bool,
 }
 
 impl Compute for LlamaCompute<'_> {
@@ -166,7 +168,7 @@ impl Compute for LlamaCompute<'_> {
         self.ctx.remove_seq(seq)
     }
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        self.ctx.share_prefix(src, dst, len, self.unified)
+        self.ctx.share_prefix(src, dst, len)
     }
     fn truncate_seq(&mut self, seq: i32, len: usize) {
         self.ctx.truncate_seq(seq, len)
@@ -240,7 +242,7 @@ impl Engine {
                         }
                     };
                     let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
-                    let mut compute = LlamaCompute { model: &model, ctx, unified: plan.kv_unified };
+                    let mut compute = LlamaCompute { model: &model, ctx };
                     let mut sched = Scheduler::new(sched_cfg, stats);
                     if let Some(o) = observer {
                         sched.set_observer(o);

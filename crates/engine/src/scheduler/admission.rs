@@ -75,7 +75,7 @@ impl Scheduler {
     /// Longest prefix of `tokens` that a cached slot or a running sequence holds or will hold
     /// (at least `min_shared_prefix`, and never the whole prompt: the last prompt token is
     /// always computed so the request gets its own logits). On equal length a cached slot wins
-    /// (taken in place, no copy).
+    /// (taken in place, no copy), then the host store, then a running sequence (copied).
     pub(super) fn find_source(&self, tokens: &[i32], use_cache: bool) -> Option<(Source, usize)> {
         if self.cfg.min_shared_prefix == usize::MAX || tokens.len() <= 1 {
             return None;
@@ -84,31 +84,21 @@ impl Scheduler {
             let l = common.min(tokens.len() - 1);
             (l >= self.cfg.min_shared_prefix).then_some(l)
         };
+        // holders in tie-break order (a later one must be strictly longer to win); a running
+        // holder is ready once it has computed the common positions
+        let cached = self.cache.iter().filter(|_| use_cache).map(|c| (Source::Cached { id: c.id }, &c.tokens, None));
+        let stored = self.store.entries.iter().filter(|_| use_cache).map(|e| (Source::Stored { id: e.id }, &e.tokens, None));
+        let running = self.running.iter().map(|r| (Source::Running { id: r.seq.id, ready: false }, &r.seq.tokens, Some(r.n_past)));
         let mut best: Option<(Source, usize)> = None;
-        if use_cache {
-            for c in &self.cache {
-                if let Some(l) = usable(common_prefix(&c.tokens, tokens)) {
-                    if best.is_none_or(|(_, b)| l > b) {
-                        best = Some((Source::Cached { id: c.id }, l));
-                    }
-                }
+        for (mut source, held, n_past) in cached.chain(stored).chain(running) {
+            let Some(l) = usable(common_prefix(held, tokens)) else { continue };
+            if best.is_some_and(|(_, b)| l <= b) {
+                continue;
             }
-        }
-        if use_cache {
-            for e in &self.store.entries {
-                if let Some(l) = usable(common_prefix(&e.tokens, tokens)) {
-                    if best.is_none_or(|(_, b)| l > b) {
-                        best = Some((Source::Stored { id: e.id }, l));
-                    }
-                }
+            if let (Source::Running { ready, .. }, Some(n)) = (&mut source, n_past) {
+                *ready = n >= l;
             }
-        }
-        for r in &self.running {
-            if let Some(l) = usable(common_prefix(&r.seq.tokens, tokens)) {
-                if best.is_none_or(|(_, b)| l > b) {
-                    best = Some((Source::Running { id: r.seq.id, ready: r.n_past >= l }, l));
-                }
-            }
+            best = Some((source, l));
         }
         best
     }

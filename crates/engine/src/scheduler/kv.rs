@@ -131,11 +131,12 @@ impl PrefixStore {
             return;
         }
         self.entries.retain(|o| !e.tokens.starts_with(&o.tokens));
-        while self.entries.iter().map(|o| o.bytes).sum::<usize>() + e.bytes > self.cap {
-            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { break };
-            self.entries.swap_remove(i);
-        }
-        self.entries.push(e);
         self.bytes = self.entries.iter().map(|o| o.bytes).sum();
+        while self.bytes + e.bytes > self.cap {
+            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { break };
+            self.bytes -= self.entries.swap_remove(i).bytes;
+        }
+        self.bytes += e.bytes;
+        self.entries.push(e);
     }
 }

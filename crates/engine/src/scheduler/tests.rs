@@ -657,7 +657,7 @@ fn a_prefix_whose_slot_was_reused_comes_back_from_the_host_store() {
     let mut others: Vec<_> = (0..2).map(|i| submit(&mut s, prompt(200 + i, 30), 4, "b")).collect();
     run(&mut s, &mut f);
     others.iter_mut().for_each(|rx| assert!(drain(rx).1.is_some()));
-    assert!(s.cache.iter().all(|c| common_prefix_len(&c.tokens, &system) < 16), "the slot copy is gone");
+    assert!(s.cache.iter().all(|c| super::kv::common_prefix(&c.tokens, &system) < 16), "the slot copy is gone");
     let before = s.stats.prompt_tokens_computed.load(Ordering::Relaxed);
     let p = with_system(&system, &[7, 8, 9]);
     let mut again = submit(&mut s, p.clone(), 4, "a");
@@ -668,8 +668,4 @@ fn a_prefix_whose_slot_was_reused_comes_back_from_the_host_store() {
     assert_eq!(s.stats.prefix_restores.load(Ordering::Relaxed), 1);
     assert_eq!(s.stats.prompt_tokens_computed.load(Ordering::Relaxed) - before, 3, "only the question was computed");
     assert!(s.store.bytes <= 4096);
-}
-
-fn common_prefix_len(a: &[i32], b: &[i32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
