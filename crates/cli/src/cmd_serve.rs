@@ -53,8 +53,16 @@ pub struct ServeArgs {
     pub unsafe_no_admission_control: bool,
 }
 
+/// `--max-itl-ms` of `serve` when not given: on 2 cores with the default model a decode step
+/// takes ~9 ms + ~4 ms per sequence, so beyond ~13 sequences a step passes 60 ms while each more
+/// sequence adds under 2% tokens/s (docs/benchmarks.md); on faster hardware it never binds.
+pub const SERVE_MAX_ITL_MS: f64 = 60.0;
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
+    if a.model.max_itl_ms.is_none() {
+        cfg.max_itl_ms = SERVE_MAX_ITL_MS;
+    }
     cfg.admission_control = !a.unsafe_no_admission_control;
     let (_, plan) = cfg.plan()?;
     plan.check_fits()?;

@@ -169,54 +169,134 @@ impl Scheduler {
     }
 
     /// Gives `s` a slot and the KV of its reusable prefix. A cached slot is taken in place (cut
-    /// back to the common prefix); otherwise the lowest free slot (evicting the least recently
-    /// used cached prefix if none is free) receives a copy from the running source. `None`
-    /// (with `s` back in the queue) when no slot can be had.
+    /// back to the common prefix) when that keeps the running slots in runs of consecutive ids;
+    /// otherwise the slot from [`Self::take_slot`] receives the prefix: restored from the store,
+    /// or copied from the cached or running holder. `None` (with `s` back in the queue) when no
+    /// slot can be had.
     fn place<C: Compute>(&mut self, be: &mut C, s: Seq, source: Option<(Source, usize)>) -> Option<Active> {
-        if let Some((Source::Cached { id }, len)) = source {
+        let cached = match source {
+            Some((Source::Cached { id }, len)) => Some((id, len)),
+            _ => None,
+        };
+        let mut slot = None;
+        if let Some((id, len)) = cached {
             let k = self.cache.iter().position(|c| c.id == id).expect("source found in this admission");
-            let c = self.cache.swap_remove(k);
-            be.truncate_seq(c.slot, len);
-            self.cells.release(&c.cells[len..]);
-            let mut cells = c.cells;
-            cells.truncate(len);
-            return Some(Active { seq: s, slot: c.slot, n_past: len, cells });
+            if !self.cfg.is_unified() && !self.joins_a_run(self.cache[k].slot) {
+                slot = self.take_slot(be, Some(id));
+            }
+            if slot.is_none() {
+                let k = self.cache.iter().position(|c| c.id == id).expect("kept by take_slot");
+                let c = self.cache.swap_remove(k);
+                be.truncate_seq(c.slot, len);
+                self.cells.release(&c.cells[len..]);
+                let mut cells = c.cells;
+                cells.truncate(len);
+                return Some(Active { seq: s, slot: c.slot, n_past: len, cells });
+            }
         }
-        let slot = match self.slots.take_lowest() {
+        let slot = match slot.or_else(|| self.take_slot(be, None)) {
             Some(slot) => slot,
             None => {
-                if !self.evict_lru(be, None) {
-                    self.waiting.push(s);
-                    return None;
+                self.waiting.push(s);
+                return None;
+            }
+        };
+        let Some((source, len)) = source else {
+            return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
+        };
+        self.clock += 1;
+        let donor = match source {
+            Source::Stored { id } => {
+                let e = self.store.entries.iter_mut().find(|e| e.id == id).expect("source found in this admission");
+                e.last_used = self.clock;
+                if be.restore_seq(&e.snap, slot) {
+                    be.truncate_seq(slot, len);
+                    self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
+                    return Some(Active { seq: s, slot, n_past: len, cells: self.cells.alloc_n(len) });
                 }
-                self.slots.take_lowest().expect("an evicted cached prefix frees its slot")
+                be.remove_seq(slot);
+                return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
+            }
+            Source::Cached { id } => {
+                let c = self.cache.iter_mut().find(|c| c.id == id).expect("source found in this admission");
+                c.last_used = self.clock;
+                // the copy lands at the next decode: nothing may be restored into c.slot before
+                self.pinned.push(c.slot);
+                (c.slot, None)
+            }
+            Source::Running { id, .. } => {
+                let r = self.running.iter().find(|r| r.seq.id == id).expect("source found in this admission");
+                (r.slot, Some(r.cells[..len].to_vec()))
             }
         };
-        if let Some((Source::Stored { id }, len)) = source {
-            self.clock += 1;
-            let e = self.store.entries.iter_mut().find(|e| e.id == id).expect("source found in this admission");
-            e.last_used = self.clock;
-            if be.restore_seq(&e.snap, slot) {
-                be.truncate_seq(slot, len);
-                self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
-                return Some(Active { seq: s, slot, n_past: len, cells: self.cells.alloc_n(len) });
+        be.share_prefix(donor.0, slot, len);
+        let cells = match donor.1 {
+            Some(cells) if self.cfg.is_unified() => {
+                self.cells.retain(&cells);
+                cells
             }
-            be.remove_seq(slot);
-            return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
-        }
-        let Some((Source::Running { id, .. }, len)) = source else {
-            return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
-        };
-        let donor = self.running.iter().find(|r| r.seq.id == id).expect("source found in this admission");
-        be.share_prefix(donor.slot, slot, len);
-        let cells = if self.cfg.is_unified() {
-            let cells = donor.cells[..len].to_vec();
-            self.cells.retain(&cells);
-            cells
-        } else {
-            self.stats.prefix_copies.fetch_add(1, Ordering::Relaxed);
-            self.cells.alloc_n(len)
+            _ => {
+                self.stats.prefix_copies.fetch_add(1, Ordering::Relaxed);
+                self.cells.alloc_n(len)
+            }
         };
         Some(Active { seq: s, slot, n_past: len, cells })
+    }
+
+    /// Would a sequence in `slot` decode in a micro-batch with running ones? llama.cpp's split
+    /// streams batch only consecutive sequence ids together: each separate run of ids is one
+    /// more graph evaluation per step (~10 ms on 2 cores for this model, measured).
+    fn joins_a_run(&self, slot: i32) -> bool {
+        self.running.is_empty() || self.next_to_running(slot)
+    }
+
+    /// A slot for a new sequence. Split streams: a slot next to a running one if there is one,
+    /// else the lowest, among the free slots and the cached ones (so running sequences stay in
+    /// one run of consecutive ids); a cached prefix there is dropped unless it is `keep` or a
+    /// pending copy's source, and — without a host store, which keeps finished prefixes —
+    /// unless another cached slot or a running sequence holds it too. Unified: the lowest free
+    /// slot. Either way, when no slot is free the least valuable cached prefix gives its slot up.
+    fn take_slot<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> Option<i32> {
+        if !self.cfg.is_unified() {
+            let droppable = (0..self.cache.len()).filter(|&i| {
+                let c = &self.cache[i];
+                Some(c.id) != keep
+                    && !self.pinned.contains(&c.slot)
+                    && (self.store.enabled() || self.held_elsewhere(i))
+            });
+            let cached: Vec<(i32, usize)> = droppable.map(|i| (self.cache[i].slot, i)).collect();
+            let candidates = self.slots.iter().map(|s| (s, None)).chain(cached.into_iter().map(|(s, i)| (s, Some(i))));
+            let best = candidates.min_by_key(|&(slot, _)| (!self.next_to_running(slot), slot));
+            if let Some((slot, entry)) = best {
+                if let Some(i) = entry {
+                    let c = self.cache.swap_remove(i);
+                    self.drop_cached(be, c);
+                }
+                let taken = self.slots.take(slot);
+                debug_assert!(taken, "a free or just dropped slot");
+                return Some(slot);
+            }
+        }
+        if let Some(slot) = self.slots.take_lowest() {
+            return Some(slot);
+        }
+        if !self.evict_lru(be, keep) {
+            return None;
+        }
+        self.slots.take_lowest()
+    }
+
+    fn next_to_running(&self, slot: i32) -> bool {
+        self.running.iter().any(|r| (r.slot - slot).abs() == 1)
+    }
+
+    /// Is the prefix of cache entry `i` also in the host store, another cached slot or a
+    /// running sequence (so dropping this copy loses nothing)?
+    fn held_elsewhere(&self, i: usize) -> bool {
+        let c = &self.cache[i];
+        let n = c.tokens.len();
+        self.store.entries.iter().any(|e| e.tokens.starts_with(&c.tokens))
+            || self.cache.iter().enumerate().any(|(j, o)| j != i && o.tokens.starts_with(&c.tokens))
+            || self.running.iter().any(|r| r.n_past >= n && r.seq.tokens.starts_with(&c.tokens))
     }
 }

@@ -68,6 +68,12 @@ impl SlotPool {
     pub fn take_lowest(&mut self) -> Option<i32> {
         self.free.pop_first()
     }
+    pub fn iter(&self) -> impl Iterator<Item = i32> + '_ {
+        self.free.iter().copied()
+    }
+    pub fn take(&mut self, slot: i32) -> bool {
+        self.free.remove(&slot)
+    }
     pub fn give_back(&mut self, slot: i32) {
         debug_assert!(!self.free.contains(&slot), "slot {slot} freed twice");
         self.free.insert(slot);

@@ -133,6 +133,9 @@ pub struct Scheduler {
     admissions: u64,
     clock: u64,
     steps: itl::StepModel,
+    /// Cached slots that are the source of a stream copy not yet landed (llama.cpp copies
+    /// streams at the next decode): nothing may be restored into them until then.
+    pinned: Vec<i32>,
 }
 
 impl Scheduler {
@@ -154,6 +157,7 @@ impl Scheduler {
             admissions: 0,
             clock: 0,
             steps: itl::StepModel::default(),
+            pinned: Vec::new(),
         }
     }
 
@@ -264,6 +268,7 @@ impl Scheduler {
         let t0 = Instant::now();
         self.reap_cancelled(be);
         self.admit(be);
+        let t_admit = t0.elapsed();
         if self.running.is_empty() {
             self.publish();
             return false;
@@ -275,7 +280,10 @@ impl Scheduler {
                 self.publish();
                 return false;
             }
-            match be.decode() {
+            let decoded = be.decode();
+            // llama.cpp applied pending stream copies at the start of that call
+            self.pinned.clear();
+            match decoded {
                 Ok(true) => break plan,
                 Ok(false) if self.evict_lru(be, None) => {
                     // llama.cpp found no room: cached prefixes go first
@@ -305,6 +313,12 @@ impl Scheduler {
             }
         };
         let decode_only = plan.iter().all(|p| p.n == 1);
+        let t_decode = t0.elapsed();
+        let runs = {
+            let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
+            slots.sort_unstable();
+            slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
+        };
         self.after_decode(be, &plan);
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
@@ -312,6 +326,16 @@ impl Scheduler {
             self.steps.observe(plan.len(), dt);
         }
         self.stats.last_step_micros.store(dt.as_micros() as u64, Ordering::Relaxed);
+        tracing::debug!(
+            target: "abserve_engine::step",
+            seqs = plan.len(),
+            tokens = plan.iter().map(|p| p.n).sum::<usize>(),
+            runs,
+            admit_ms = t_admit.as_secs_f64() * 1e3,
+            decode_ms = (t_decode - t_admit).as_secs_f64() * 1e3,
+            after_ms = (dt - t_decode).as_secs_f64() * 1e3,
+            "step"
+        );
         if let Some(obs) = &self.observer {
             obs(dt);
         }
@@ -400,7 +424,7 @@ impl Scheduler {
             c.tokens.len() - shared_cached.max(shared_running)
         };
         let victim = (0..self.cache.len())
-            .filter(|&i| Some(self.cache[i].id) != keep)
+            .filter(|&i| Some(self.cache[i].id) != keep && !self.pinned.contains(&self.cache[i].slot))
             .min_by_key(|&i| (unique(i), self.cache[i].last_used));
         match victim {
             Some(i) => {

@@ -30,6 +30,11 @@ struct Fake {
     /// Graph evaluations llama.cpp would run (split streams: one per micro-batch of
     /// consecutive sequence ids with equal token counts).
     ubatches: usize,
+    /// Micro-batches of each decode call, in order.
+    per_decode: Vec<usize>,
+    /// Stream copies (src, dst) recorded but not landed: llama.cpp copies the tensors at the
+    /// next decode, so restoring into a source or saving a destination before then is a bug.
+    pending: Vec<(i32, i32)>,
     /// How often each (history) was computed as the last token of a decode: keyed by a hash of
     /// the sequence's tokens up to and including that position.
     computed: HashMap<u64, usize>,
@@ -56,6 +61,8 @@ impl Fake {
             eog: false,
             per_stream: None,
             ubatches: 0,
+            per_decode: vec![],
+            pending: vec![],
             computed: HashMap::new(),
         }
     }
@@ -149,7 +156,10 @@ impl Compute for Fake {
                 }
             }
         }
-        self.ubatches += self.count_ubatches();
+        self.pending.clear();
+        let n = self.count_ubatches();
+        self.ubatches += n;
+        self.per_decode.push(n);
         for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
             self.cells[taken[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
         }
@@ -201,6 +211,7 @@ impl Compute for Fake {
             }
             Some(_) => {
                 // llama.cpp copies the whole stream; the backend then cuts it back to `len`
+                self.pending.push((src, dst));
                 let (s, d) = (self.stream(src), self.stream(dst));
                 for (i, j) in s.zip(d) {
                     self.cells[j] = self.cells[i]
@@ -212,12 +223,14 @@ impl Compute for Fake {
         }
     }
     fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
+        assert!(self.pending.iter().all(|p| p.1 != seq), "saved sequence {seq} before its copy landed");
         let cells: Vec<(usize, i32)> =
             self.cells.iter().flatten().filter(|c| c.seqs.contains(&seq)).map(|c| (c.pos, c.token)).collect();
         let n = cells.len() * 8;
         Some((Box::new(cells), n))
     }
     fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
+        assert!(self.pending.iter().all(|p| p.0 != seq), "restored into {seq} before the copy from it landed");
         assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&seq)), "restore into a sequence that holds cells");
         let cells = snap.downcast_ref::<Vec<(usize, i32)>>().expect("fake snapshot");
         let free: Vec<usize> = self.stream(seq).filter(|&i| self.cells[i].is_none()).collect();
@@ -668,4 +681,43 @@ fn a_prefix_whose_slot_was_reused_comes_back_from_the_host_store() {
     assert_eq!(s.stats.prefix_restores.load(Ordering::Relaxed), 1);
     assert_eq!(s.stats.prompt_tokens_computed.load(Ordering::Relaxed) - before, 3, "only the question was computed");
     assert!(s.store.bytes <= 4096);
+}
+
+#[test]
+fn new_sequences_join_the_run_of_running_slots_instead_of_scattered_cached_ones() {
+    // 8 slots, every one caching a prefix after a first round; then a variant whose prefix
+    // sits in one cached slot gets 3 requests and another variant 2: they must decode as one
+    // run of consecutive sequence ids (one micro-batch a step), not wherever caches happen to be
+    let mut cfg = SchedulerConfig::split(8, 128, 128);
+    cfg.prefix_store_bytes = 1 << 20;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::split(8, 128);
+    let systems: Vec<Vec<i32>> = (0..4).map(|v| prompt(300 + v, 40)).collect();
+    let mut first: Vec<_> = (0..8).map(|i| submit(&mut s, with_system(&systems[i % 4], &[2 + i as i32, 9]), 3 + i as u32, "w")).collect();
+    run(&mut s, &mut f);
+    first.iter_mut().for_each(|rx| assert!(drain(rx).1.is_some()));
+    let cached: Vec<i32> = s.cache.iter().map(|c| c.slot).collect();
+    assert!(s.cache.len() >= 6, "the slots cache prefixes: {cached:?}");
+    let computed = s.stats.prompt_tokens_computed.load(Ordering::Relaxed);
+    let decodes = f.per_decode.len();
+    let mut ps = vec![];
+    for (v, n) in [(3usize, 3), (1, 2)] {
+        for i in 0..n {
+            ps.push(with_system(&systems[v], &[60 + i, 61]));
+        }
+    }
+    let mut rxs: Vec<_> = ps.iter().map(|p| submit(&mut s, p.clone(), 6, "w")).collect();
+    s.step(&mut f);
+    let mut slots: Vec<i32> = s.running.iter().map(|a| a.slot).collect();
+    slots.sort_unstable();
+    assert_eq!(slots.len(), 5);
+    assert!(slots.windows(2).all(|w| w[1] == w[0] + 1), "running slots {slots:?} are one run");
+    run(&mut s, &mut f);
+    for (p, rx) in ps.iter().zip(rxs.iter_mut()) {
+        let (toks, done) = drain(rx);
+        assert_eq!(toks, solo(p, 6), "a copied or restored prefix gives the tokens of a computed one");
+        assert!(done.unwrap().shared_prompt_tokens >= 40);
+    }
+    assert!(f.per_decode[decodes..].iter().all(|&n| n == 1), "one micro-batch a step: {:?}", &f.per_decode[decodes..]);
+    assert_eq!(s.stats.prompt_tokens_computed.load(Ordering::Relaxed) - computed, 5 * 2, "only the questions were computed");
 }
