@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use abserve_engine::chat::ChatMessage;
 use abserve_engine::{Engine, Event, Request, SamplingParams, SubmitError};
-use futures::StreamExt;
+use abserve_protocol::{names, ClientError};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// One chat request of a variant for a row.
 #[derive(Debug, Clone, Serialize)]
@@ -54,10 +54,7 @@ impl std::fmt::Display for CallError {
 }
 
 pub struct Http {
-    client: reqwest::Client,
-    /// Endpoint root without a trailing `/v1`.
-    base: String,
-    key: Option<String>,
+    api: abserve_protocol::Client,
     pub model: String,
 }
 
@@ -75,42 +72,15 @@ pub struct Capacity {
     pub abserve: bool,
 }
 
-fn normalize(url: &str) -> String {
-    let u = url.trim_end_matches('/');
-    u.strip_suffix("/v1").unwrap_or(u).to_string()
-}
-
 impl Http {
     /// Connects to an endpoint; without `model`, the first id of `GET /v1/models` is used.
     pub async fn connect(url: &str, key: Option<String>, model: Option<String>) -> Result<Http, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(600))
-            .build()
-            .map_err(|e| e.to_string())?;
-        let base = normalize(url);
-        let mut h = Http { client, base, key, model: model.clone().unwrap_or_default() };
-        if model.is_none() {
-            let r = h.get("/v1/models").send().await.map_err(|e| format!("cannot reach {}: {e}", h.base))?;
-            let status = r.status();
-            let body: Value = r.json().await.map_err(|e| format!("{}/v1/models: {e}", h.base))?;
-            if !status.is_success() {
-                return Err(format!("{}/v1/models answered {status}: {body}", h.base));
-            }
-            h.model = body["data"][0]["id"]
-                .as_str()
-                .ok_or_else(|| format!("{}/v1/models lists no model; pass --remote-model", h.base))?
-                .to_string();
-        }
-        Ok(h)
-    }
-
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        let r = self.client.get(format!("{}{path}", self.base));
-        match &self.key {
-            Some(k) => r.bearer_auth(k),
-            None => r,
-        }
+        let api = abserve_protocol::Client::new(url, key, Duration::from_secs(600)).map_err(|e| e.to_string())?;
+        let model = match model {
+            Some(m) => m,
+            None => api.first_model().await.map_err(|e| format!("{e}; pass --remote-model"))?,
+        };
+        Ok(Http { api, model })
     }
 
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
@@ -118,8 +88,6 @@ impl Http {
             "model": self.model,
             "messages": call.messages,
             "max_tokens": call.max_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
         });
         let o = body.as_object_mut().expect("object");
         let opt = |v: Option<f32>| v.map(|x| json!(x));
@@ -135,83 +103,21 @@ impl Http {
                 o.insert(k.into(), v);
             }
         }
-        let started = Instant::now();
-        let mut req = self.client.post(format!("{}/v1/chat/completions", self.base)).json(&body);
-        if let Some(k) = &self.key {
-            req = req.bearer_auth(k);
-        }
-        let r = req.send().await.map_err(|e| CallError::Transient(format!("request failed: {e}")))?;
-        let status = r.status();
-        if status.as_u16() == 429 {
-            let retry_after = r
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|s| s.trim().parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64);
-            return Err(CallError::Overloaded { retry_after });
-        }
-        if !status.is_success() {
-            let text = r.text().await.unwrap_or_default();
-            let msg = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(String::from))
-                .unwrap_or(text);
-            let e = format!("HTTP {}: {msg}", status.as_u16());
-            return Err(if status.is_server_error() { CallError::Transient(e) } else { CallError::Failed(e) });
-        }
-        let mut stream = r.bytes_stream();
-        let mut buf = Vec::new();
-        let mut g = Generation {
-            text: String::new(),
-            prompt_tokens: 0,
-            completion_tokens: 0,
-            ttft: Duration::ZERO,
-            latency: Duration::ZERO,
-            finish_reason: String::new(),
-        };
-        let mut first = None;
-        let mut done = false;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| CallError::Transient(format!("stream broke: {e}")))?;
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = String::from_utf8_lossy(&line);
-                let Some(data) = line.trim().strip_prefix("data:") else { continue };
-                let data = data.trim();
-                if data == "[DONE]" {
-                    done = true;
-                    continue;
-                }
-                let v: Value = serde_json::from_str(data).map_err(|e| CallError::Failed(format!("bad stream chunk: {e}")))?;
-                if let Some(err) = v.get("error") {
-                    return Err(CallError::Failed(format!("stream error: {}", err["message"].as_str().unwrap_or("unknown"))));
-                }
-                if let Some(c) = v["choices"].get(0) {
-                    if let Some(t) = c["delta"]["content"].as_str() {
-                        if !t.is_empty() && first.is_none() {
-                            first = Some(started.elapsed());
-                        }
-                        g.text.push_str(t);
-                    }
-                    if let Some(f) = c["finish_reason"].as_str() {
-                        g.finish_reason = f.to_string();
-                    }
-                }
-                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                    g.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                    g.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
-                }
-            }
-        }
-        if !done && g.finish_reason.is_empty() {
-            return Err(CallError::Transient("the stream ended before the answer finished".into()));
-        }
-        g.latency = started.elapsed();
-        g.ttft = first.unwrap_or(g.latency);
-        Ok(g)
+        let out = self.api.chat(body, true).await.map_err(|e| match e {
+            ClientError::Status { status: 429, retry_after, .. } => CallError::Overloaded { retry_after },
+            ClientError::Status { status, .. } if status >= 500 => CallError::Transient(e.to_string()),
+            ClientError::Transport { .. } | ClientError::Stream(_) | ClientError::Incomplete => CallError::Transient(e.to_string()),
+            ClientError::Status { .. } | ClientError::BadChunk(_) | ClientError::ServerError(_) => CallError::Failed(e.to_string()),
+        })?;
+        let usage = out.usage.unwrap_or_default();
+        Ok(Generation {
+            text: out.text,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            ttft: out.timing.ttft.unwrap_or(out.latency),
+            latency: out.latency,
+            finish_reason: out.finish_reason.unwrap_or_default(),
+        })
     }
 }
 
@@ -227,17 +133,10 @@ impl Target {
     pub async fn capacity(&self, fallback: usize) -> Capacity {
         match self {
             Target::Engine(e) => Capacity { concurrency: e.plan().seq_slots.max(1) as usize, source: "memory plan".into(), abserve: true },
-            Target::Http(h) => {
-                let ready = async {
-                    let r = h.get("/ready").timeout(Duration::from_secs(30)).send().await.ok()?;
-                    let v: Value = r.json().await.ok()?;
-                    v["plan"]["seq_slots"].as_u64().filter(|n| *n > 0)
-                };
-                match ready.await {
-                    Some(n) => Capacity { concurrency: n as usize, source: format!("{}/ready", h.base), abserve: true },
-                    None => Capacity { concurrency: fallback.max(1), source: "-j".into(), abserve: false },
-                }
-            }
+            Target::Http(h) => match h.api.ready(Duration::from_secs(30)).await.and_then(|v| v["plan"]["seq_slots"].as_u64()).filter(|n| *n > 0) {
+                Some(n) => Capacity { concurrency: n as usize, source: format!("{}/ready", h.api.base()), abserve: true },
+                None => Capacity { concurrency: fallback.max(1), source: "-j".into(), abserve: false },
+            },
         }
     }
 
@@ -245,18 +144,14 @@ impl Target {
     pub async fn memory(&self) -> Option<u64> {
         match self {
             Target::Engine(_) => Some(abserve_engine::plan::current_rss()),
-            Target::Http(h) => {
-                let r = h.get("/metrics").timeout(Duration::from_secs(2)).send().await.ok()?;
-                let text = r.text().await.ok()?;
-                text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes ")?.trim().parse::<f64>().ok()).map(|b| b as u64)
-            }
+            Target::Http(h) => h.api.metrics(Duration::from_secs(2)).await?.get(names::PROCESS_RESIDENT_MEMORY).map(|b| b as u64),
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             Target::Engine(e) => format!("in-process engine ({})", e.model_path().display()),
-            Target::Http(h) => format!("{} (model '{}')", h.base, h.model),
+            Target::Http(h) => format!("{} (model '{}')", h.api.base(), h.model),
         }
     }
 }
@@ -323,11 +218,3 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn urls_with_or_without_v1() {
-        assert_eq!(super::normalize("http://h:1/v1/"), "http://h:1");
-        assert_eq!(super::normalize("http://h:1"), "http://h:1");
-    }
-}

@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 use serde_json::{json, Value};
 
+
 use crate::client::{Class, Client, Record};
 use crate::dist::Dist;
 use crate::report::{Report, RunFacts};
@@ -95,31 +96,22 @@ pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> Value {
     b
 }
 
-async fn first_model(c: &Client) -> Result<String, String> {
-    let mut r = c.http.get(format!("{}/v1/models", c.url));
-    if let Some(k) = &c.key {
-        r = r.bearer_auth(k);
-    }
-    let v: Value = r.send().await.map_err(|e| format!("cannot reach {}: {e}", c.url))?.json().await.map_err(|e| e.to_string())?;
-    v["data"][0]["id"].as_str().map(String::from).ok_or_else(|| format!("{}/v1/models lists no model; pass --model-name", c.url))
-}
-
 pub async fn run(cfg: Config) -> Result<Report, String> {
     if cfg.duration.is_none() && cfg.requests.is_none() {
         return Err("give --duration or --requests (or both): a load test is bounded".into());
     }
-    let base = {
-        let u = cfg.url.trim_end_matches('/');
-        u.strip_suffix("/v1").unwrap_or(u).to_string()
-    };
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build().map_err(|e| e.to_string())?;
-    let client = Arc::new(Client { http: http.clone(), url: base.clone(), key: cfg.key.clone(), timeout: cfg.timeout });
+    // each request is bounded by cfg.timeout in Client::send; the HTTP client's own bound is a
+    // backstop above it
+    let api = abserve_protocol::Client::new(&cfg.url, cfg.key.clone(), cfg.timeout + Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let base = api.base().to_string();
     let model = match (&cfg.workload, &cfg.model) {
         (Workload::Experiment(_), _) => String::new(),
         (_, Some(m)) => m.clone(),
-        _ => first_model(&client).await?,
+        _ => api.first_model().await.map_err(|e| format!("{e}; pass --model-name"))?,
     };
-    let scraper = Arc::new(Scraper::new(http.clone(), &base, cfg.key.clone()));
+    let client = Arc::new(Client { api: api.clone(), timeout: cfg.timeout });
+    let scraper = Arc::new(Scraper::new(api));
     let before = scraper.fetch().await;
     let t0 = Instant::now();
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));

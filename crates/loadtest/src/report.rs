@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use abserve_protocol::{names, Samples};
 use serde::Serialize;
 
 use crate::client::{Class, Record};
@@ -75,7 +76,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn build(f: RunFacts, records: Vec<Record>, samples: Vec<Sample>, before: Option<BTreeMap<String, f64>>, after: Option<BTreeMap<String, f64>>) -> Report {
+    pub fn build(f: RunFacts, records: Vec<Record>, samples: Vec<Sample>, before: Option<Samples>, after: Option<Samples>) -> Report {
         let mut by_class: BTreeMap<String, usize> = [Class::Ok, Class::Http429, Class::Http4xx, Class::Http5xx, Class::Timeout, Class::Connection, Class::Oom]
             .iter()
             .map(|c| (c.name().to_string(), 0))
@@ -95,20 +96,22 @@ impl Report {
         let secs = f.load_seconds.max(1e-9);
         let server = match (&before, &after) {
             (Some(b), Some(a)) => {
-                let d = |k: &str| a.get(k).copied().unwrap_or(0.0) - b.get(k).copied().unwrap_or(0.0);
+                let d = |k: &str| a.or_zero(k) - b.or_zero(k);
                 let mut s = BTreeMap::new();
+                let chat = |status: &str| format!("{}{{endpoint=\"chat_completions\",status=\"{status}\"}}", names::REQUESTS);
+                let rejected = |reason: &str| format!("{}{{reason=\"{reason}\"}}", names::REJECTIONS);
                 for (name, key) in [
-                    ("chat_200", "abserve_requests_total{endpoint=\"chat_completions\",status=\"200\"}"),
-                    ("chat_429", "abserve_requests_total{endpoint=\"chat_completions\",status=\"429\"}"),
-                    ("chat_500", "abserve_requests_total{endpoint=\"chat_completions\",status=\"500\"}"),
-                    ("chat_503", "abserve_requests_total{endpoint=\"chat_completions\",status=\"503\"}"),
-                    ("generated_tokens", "abserve_generated_tokens_total"),
-                    ("prompt_tokens", "abserve_prompt_tokens_total"),
-                    ("preemptions", "abserve_preemptions_total"),
-                    ("rejected_queue_full", "abserve_rejections_total{reason=\"queue_full\"}"),
-                    ("rejected_queue_timeout", "abserve_rejections_total{reason=\"queue_timeout\"}"),
+                    ("chat_200", chat("200")),
+                    ("chat_429", chat("429")),
+                    ("chat_500", chat("500")),
+                    ("chat_503", chat("503")),
+                    ("generated_tokens", names::GENERATED_TOKENS.to_string()),
+                    ("prompt_tokens", names::PROMPT_TOKENS.to_string()),
+                    ("preemptions", names::PREEMPTIONS.to_string()),
+                    ("rejected_queue_full", rejected("queue_full")),
+                    ("rejected_queue_timeout", rejected("queue_timeout")),
                 ] {
-                    s.insert(name.to_string(), d(key));
+                    s.insert(name.to_string(), d(&key));
                 }
                 Some(s)
             }
@@ -118,18 +121,16 @@ impl Report {
             let last = samples.last().copied().unwrap_or_default();
             Memory {
                 peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
-                peak_rss_server_bytes: a.get("abserve_memory_peak_resident_bytes").copied(),
+                peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
                 final_rss_bytes: last.rss_bytes,
                 peak_kv_tokens: samples.iter().map(|s| s.kv_tokens_used).fold(0.0, f64::max),
                 final_kv_tokens: last.kv_tokens_used,
                 final_running: last.running,
                 final_waiting: last.waiting,
-                kv_tokens_total: a.get("abserve_kv_tokens_total").copied(),
-                planned_bytes: ["weights", "kv", "compute"]
-                    .iter()
-                    .map(|c| a.get(&format!("abserve_memory_planned_bytes{{component=\"{c}\"}}")).copied())
-                    .sum(),
-                budget_bytes: a.get("abserve_memory_budget_bytes").copied(),
+                kv_tokens_total: a.get(names::KV_TOKENS_TOTAL),
+                // every component: weights, KV, compute buffers and the prefix store
+                planned_bytes: Some(a.sum(names::MEMORY_PLANNED)).filter(|b| *b > 0.0),
+                budget_bytes: a.get(names::MEMORY_BUDGET),
                 samples,
             }
         });

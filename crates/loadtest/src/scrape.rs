@@ -2,10 +2,10 @@
 //! queue, sampled every 250 ms, plus the server's own counters before and after (so the report
 //! can be checked against what the server counted).
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use abserve_protocol::{names, Samples};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, Serialize, Default)]
@@ -17,49 +17,28 @@ pub struct Sample {
     pub waiting: f64,
 }
 
-/// `name{labels}` → value, for every sample line of a Prometheus text page.
-pub fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 pub struct Scraper {
-    http: reqwest::Client,
-    url: String,
-    key: Option<String>,
+    api: abserve_protocol::Client,
 }
 
 impl Scraper {
-    pub fn new(http: reqwest::Client, base: &str, key: Option<String>) -> Scraper {
-        Scraper { http, url: format!("{base}/metrics"), key }
+    pub fn new(api: abserve_protocol::Client) -> Scraper {
+        Scraper { api }
     }
 
-    pub async fn fetch(&self) -> Option<BTreeMap<String, f64>> {
-        let mut r = self.http.get(&self.url).timeout(Duration::from_secs(5));
-        if let Some(k) = &self.key {
-            r = r.bearer_auth(k);
-        }
-        let r = r.send().await.ok()?;
-        if !r.status().is_success() {
-            return None;
-        }
-        let m = parse(&r.text().await.ok()?);
-        m.keys().any(|k| k.starts_with("abserve_")).then_some(m)
+    /// The target's metrics when it is abserve (it exports `abserve_` series).
+    pub async fn fetch(&self) -> Option<Samples> {
+        let m = self.api.metrics(Duration::from_secs(5)).await?;
+        m.has_prefix(names::PREFIX).then_some(m)
     }
 
-    pub fn sample(m: &BTreeMap<String, f64>, t: f64) -> Sample {
-        let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
+    pub fn sample(m: &Samples, t: f64) -> Sample {
         Sample {
             t,
-            rss_bytes: g("process_resident_memory_bytes"),
-            kv_tokens_used: g("abserve_kv_tokens_used"),
-            running: g("abserve_requests_running"),
-            waiting: g("abserve_requests_waiting"),
+            rss_bytes: m.or_zero(names::PROCESS_RESIDENT_MEMORY),
+            kv_tokens_used: m.or_zero(names::KV_TOKENS_USED),
+            running: m.or_zero(names::REQUESTS_RUNNING),
+            waiting: m.or_zero(names::REQUESTS_WAITING),
         }
     }
 

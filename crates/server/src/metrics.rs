@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use abserve_engine::plan::MemoryPlan;
 use abserve_engine::scheduler::EngineStats;
+use abserve_protocol::names;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -48,11 +49,11 @@ impl Metrics {
     pub fn new(plan: &MemoryPlan, stats: Arc<EngineStats>, engine_step: Histogram) -> Arc<Metrics> {
         let r = Registry::new();
         let reg = |c: Box<dyn prometheus::core::Collector>| r.register(c).expect("metric names are unique");
-        let budget = IntGauge::new("abserve_memory_budget_bytes", "Memory budget the plan was made for").unwrap();
+        let budget = IntGauge::new(names::MEMORY_BUDGET, "Memory budget the plan was made for").unwrap();
         budget.set(plan.budget_bytes as i64);
         reg(Box::new(budget));
         let planned = IntGaugeVec::new(
-            Opts::new("abserve_memory_planned_bytes", "Planned memory per component"),
+            Opts::new(names::MEMORY_PLANNED, "Planned memory per component"),
             &["component"],
         )
         .unwrap();
@@ -62,23 +63,23 @@ impl Metrics {
         planned.with_label_values(&["prefix_store"]).set(plan.prefix_store_bytes as i64);
         reg(Box::new(planned));
         // a constant, typed as a counter because Prometheus reserves the _total suffix for them
-        let kv_total = IntCounter::new("abserve_kv_tokens_total", "KV cache cells (tokens) the plan allocated; constant").unwrap();
+        let kv_total = IntCounter::new(names::KV_TOKENS_TOTAL, "KV cache cells (tokens) the plan allocated; constant").unwrap();
         kv_total.inc_by(plan.kv_tokens);
         reg(Box::new(kv_total));
-        let max_seq = IntGauge::new("abserve_max_sequences", "Concurrent sequences of the full context that fit").unwrap();
+        let max_seq = IntGauge::new(names::MAX_SEQUENCES, "Concurrent sequences of the full context that fit").unwrap();
         max_seq.set(plan.max_sequences as i64);
         reg(Box::new(max_seq));
-        let slots = IntGauge::new("abserve_kv_slots", "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each").unwrap();
+        let slots = IntGauge::new(names::KV_SLOTS, "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each").unwrap();
         slots.set(plan.seq_slots as i64);
         reg(Box::new(slots));
         let per_slot = IntGauge::new(
-            "abserve_kv_cells_per_slot",
+            names::KV_CELLS_PER_SLOT,
             "KV cells of one slot's stream (split streams: fixed, no borrowing; unified: the whole pool)",
         )
         .unwrap();
         per_slot.set(plan.kv_cells_per_slot as i64);
         reg(Box::new(per_slot));
-        let unified = IntGauge::new("abserve_kv_unified", "1 when all sequences share one KV pool, 0 with one stream per slot").unwrap();
+        let unified = IntGauge::new(names::KV_UNIFIED, "1 when all sequences share one KV pool, 0 with one stream per slot").unwrap();
         unified.set(plan.kv_unified as i64);
         reg(Box::new(unified));
 
@@ -98,13 +99,13 @@ impl Metrics {
             h
         };
         let requests_total = IntCounterVec::new(
-            Opts::new("abserve_requests_total", "HTTP requests by endpoint and status code"),
+            Opts::new(names::REQUESTS, "HTTP requests by endpoint and status code"),
             &["endpoint", "status"],
         )
         .unwrap();
         r.register(Box::new(requests_total.clone())).unwrap();
         let rejections_total = IntCounterVec::new(
-            Opts::new("abserve_rejections_total", "Requests turned away, by reason"),
+            Opts::new(names::REJECTIONS, "Requests turned away, by reason"),
             &["reason"],
         )
         .unwrap();
@@ -113,13 +114,13 @@ impl Metrics {
             rejections_total.with_label_values(&[reason]);
         }
         let experiment_kv = IntGaugeVec::new(
-            Opts::new("abserve_experiment_kv_tokens_used", "KV cells held by an experiment's running sequences"),
+            Opts::new(names::EXPERIMENT_KV_TOKENS_USED, "KV cells held by an experiment's running sequences"),
             &["experiment"],
         )
         .unwrap();
         r.register(Box::new(experiment_kv.clone())).unwrap();
         let experiment_kv_peak = IntGaugeVec::new(
-            Opts::new("abserve_experiment_kv_tokens_peak", "Most KV cells an experiment's running sequences held at once"),
+            Opts::new(names::EXPERIMENT_KV_TOKENS_PEAK, "Most KV cells an experiment's running sequences held at once"),
             &["experiment"],
         )
         .unwrap();
@@ -127,35 +128,35 @@ impl Metrics {
         let m = Metrics {
             experiment_kv,
             experiment_kv_peak,
-            kv_tokens_used: gauge("abserve_kv_tokens_used", "KV cache cells in use"),
-            peak_resident: gauge("abserve_memory_peak_resident_bytes", "Most resident memory the process has held (VmHWM)"),
-            kv_tokens_cached: gauge("abserve_kv_tokens_cached", "KV cells held by cached prompt prefixes of finished requests (freed on demand)"),
-            running: gauge("abserve_requests_running", "Sequences in the running batch"),
-            waiting: gauge("abserve_requests_waiting", "Sequences waiting for admission"),
-            preemptions: counter("abserve_preemptions_total", "Sequences preempted to free KV cells"),
-            cancellations: counter("abserve_cancellations_total", "Sequences cancelled by their client"),
-            prompt_tokens: counter("abserve_prompt_tokens_total", "Prompt tokens admitted"),
-            generated_tokens: counter("abserve_generated_tokens_total", "Tokens generated"),
+            kv_tokens_used: gauge(names::KV_TOKENS_USED, "KV cache cells in use"),
+            peak_resident: gauge(names::MEMORY_PEAK_RESIDENT, "Most resident memory the process has held (VmHWM)"),
+            kv_tokens_cached: gauge(names::KV_TOKENS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)"),
+            running: gauge(names::REQUESTS_RUNNING, "Sequences in the running batch"),
+            waiting: gauge(names::REQUESTS_WAITING, "Sequences waiting for admission"),
+            preemptions: counter(names::PREEMPTIONS, "Sequences preempted to free KV cells"),
+            cancellations: counter(names::CANCELLATIONS, "Sequences cancelled by their client"),
+            prompt_tokens: counter(names::PROMPT_TOKENS, "Prompt tokens admitted"),
+            generated_tokens: counter(names::GENERATED_TOKENS, "Tokens generated"),
             prompt_tokens_computed: counter(
-                "abserve_prompt_tokens_computed_total",
+                names::PROMPT_TOKENS_COMPUTED,
                 "Prompt positions the model computed (the rest came from cached or running prefixes)",
             ),
             prompt_tokens_reused: counter(
-                "abserve_prompt_tokens_reused_total",
+                names::PROMPT_TOKENS_REUSED,
                 "Prompt tokens whose KV was reused from a cached slot or another running sequence",
             ),
-            prefix_copies: counter("abserve_prefix_copies_total", "KV streams copied from one slot to another to reuse a prefix"),
-            prefix_store_bytes: gauge("abserve_prefix_store_bytes", "Host memory held by saved prompt prefixes"),
-            prefix_store_entries: gauge("abserve_prefix_store_entries", "Prompt prefixes saved in host memory"),
-            prefix_restores: counter("abserve_prefix_restores_total", "Prompt prefixes restored from host memory into a slot"),
+            prefix_copies: counter(names::PREFIX_COPIES, "KV streams copied from one slot to another to reuse a prefix"),
+            prefix_store_bytes: gauge(names::PREFIX_STORE_BYTES, "Host memory held by saved prompt prefixes"),
+            prefix_store_entries: gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory"),
+            prefix_restores: counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot"),
             itl_held: gauge(
-                "abserve_requests_held_for_latency",
+                names::REQUESTS_HELD_FOR_LATENCY,
                 "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
             ),
-            ttft: hist("abserve_time_to_first_token_seconds", "Time from request to first token", latency_buckets()),
-            request_duration: hist("abserve_request_duration_seconds", "Time from request to last token", latency_buckets()),
+            ttft: hist(names::TIME_TO_FIRST_TOKEN, "Time from request to first token", latency_buckets()),
+            request_duration: hist(names::REQUEST_DURATION, "Time from request to last token", latency_buckets()),
             time_per_output_token: hist(
-                "abserve_time_per_output_token_seconds",
+                names::TIME_PER_OUTPUT_TOKEN,
                 "Mean time between output tokens of a request",
                 vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
             ),
@@ -176,7 +177,7 @@ impl Metrics {
     /// The engine-step histogram exists before the engine starts (its observer feeds it).
     pub fn engine_step_histogram() -> Histogram {
         Histogram::with_opts(
-            HistogramOpts::new("abserve_engine_step_seconds", "Duration of one engine step (one batched decode)")
+            HistogramOpts::new(names::ENGINE_STEP, "Duration of one engine step (one batched decode)")
                 .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
         )
         .unwrap()

@@ -188,12 +188,8 @@ impl Drop for Server {
     }
 }
 
-/// Value of a Prometheus sample line `name{labels} value` (labels as written, or "" for none).
-pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            (k == name_and_labels).then(|| v.parse().ok()).flatten()
-        })
+/// Value of a Prometheus series `name{labels}` (labels as written, or the bare name), read with
+/// the same parser loadtest uses.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    abserve_protocol::parse_prometheus(text).get(series)
 }

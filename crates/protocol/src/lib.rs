@@ -1,0 +1,21 @@
+//! What abserve's programs say to each other and to any OpenAI-compatible server, written once:
+//!
+//! - [`wire`]: the OpenAI chat/completions stream chunks, usage and error bodies (serde);
+//! - [`sse`]: one server-sent-events decoder (split reads, comments, `[DONE]`);
+//! - [`client`]: one HTTP client for OpenAI-compatible endpoints (base URL normalisation,
+//!   model discovery, bearer auth, `Retry-After`, streamed chat with per-chunk timing);
+//! - [`prometheus`]: one parser of the Prometheus text format;
+//! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read.
+//!
+//! No dependency on other abserve crates: the server, eval and loadtest all depend on this one.
+
+mod client;
+mod prometheus;
+mod sse;
+
+pub mod names;
+pub mod wire;
+
+pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming};
+pub use prometheus::{parse as parse_prometheus, Samples};
+pub use sse::{SseDecoder, SseEvent};

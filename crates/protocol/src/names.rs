@@ -1,0 +1,54 @@
+//! The metric names `abserve serve` exports on `/metrics`: the server registers them from here
+//! and `loadtest`, `eval` and the tests read them from here, so a rename cannot leave a reader
+//! behind. Counters end in `_total` (Prometheus' rule); labels are bounded (endpoint templates,
+//! status codes, reasons, components, experiment names).
+
+/// Standard process collector: resident memory of the server.
+pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+
+pub const MEMORY_BUDGET: &str = "abserve_memory_budget_bytes";
+/// Label `component`: weights, kv, compute, prefix_store.
+pub const MEMORY_PLANNED: &str = "abserve_memory_planned_bytes";
+pub const MEMORY_PEAK_RESIDENT: &str = "abserve_memory_peak_resident_bytes";
+
+pub const KV_TOKENS_TOTAL: &str = "abserve_kv_tokens_total";
+pub const KV_TOKENS_USED: &str = "abserve_kv_tokens_used";
+pub const KV_TOKENS_CACHED: &str = "abserve_kv_tokens_cached";
+pub const KV_SLOTS: &str = "abserve_kv_slots";
+pub const KV_CELLS_PER_SLOT: &str = "abserve_kv_cells_per_slot";
+pub const KV_UNIFIED: &str = "abserve_kv_unified";
+pub const MAX_SEQUENCES: &str = "abserve_max_sequences";
+
+/// Labels `endpoint`, `status`.
+pub const REQUESTS: &str = "abserve_requests_total";
+/// Label `reason`.
+pub const REJECTIONS: &str = "abserve_rejections_total";
+pub const REQUESTS_RUNNING: &str = "abserve_requests_running";
+pub const REQUESTS_WAITING: &str = "abserve_requests_waiting";
+pub const REQUESTS_HELD_FOR_LATENCY: &str = "abserve_requests_held_for_latency";
+
+pub const PROMPT_TOKENS: &str = "abserve_prompt_tokens_total";
+pub const PROMPT_TOKENS_COMPUTED: &str = "abserve_prompt_tokens_computed_total";
+pub const PROMPT_TOKENS_REUSED: &str = "abserve_prompt_tokens_reused_total";
+pub const GENERATED_TOKENS: &str = "abserve_generated_tokens_total";
+pub const PREEMPTIONS: &str = "abserve_preemptions_total";
+pub const CANCELLATIONS: &str = "abserve_cancellations_total";
+
+pub const PREFIX_COPIES: &str = "abserve_prefix_copies_total";
+pub const PREFIX_RESTORES: &str = "abserve_prefix_restores_total";
+pub const PREFIX_STORE_BYTES: &str = "abserve_prefix_store_bytes";
+pub const PREFIX_STORE_ENTRIES: &str = "abserve_prefix_store_entries";
+
+/// Label `experiment`.
+pub const EXPERIMENT_KV_TOKENS_USED: &str = "abserve_experiment_kv_tokens_used";
+/// Label `experiment`.
+pub const EXPERIMENT_KV_TOKENS_PEAK: &str = "abserve_experiment_kv_tokens_peak";
+
+// histograms (the text format adds _bucket, _sum and _count)
+pub const TIME_TO_FIRST_TOKEN: &str = "abserve_time_to_first_token_seconds";
+pub const REQUEST_DURATION: &str = "abserve_request_duration_seconds";
+pub const TIME_PER_OUTPUT_TOKEN: &str = "abserve_time_per_output_token_seconds";
+pub const ENGINE_STEP: &str = "abserve_engine_step_seconds";
+
+/// Every series of an abserve server starts with this.
+pub const PREFIX: &str = "abserve_";
