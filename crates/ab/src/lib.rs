@@ -5,4 +5,5 @@ pub mod assign;
 pub mod experiment;
 pub mod paired;
 pub mod stats;
+pub mod variant;
 pub mod store;

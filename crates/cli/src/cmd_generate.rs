@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use abserve_engine::chat::ChatMessage;
 use abserve_engine::plan::{human_bytes, peak_rss};
-use abserve_engine::{Engine, Event, Request, SamplingParams};
+use abserve_engine::{Engine, Request, SamplingParams};
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
@@ -125,35 +125,13 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let handles: Vec<_> = receivers
         .into_iter()
-        .map(|mut rx| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let mut tokens = Vec::new();
-                let mut logprobs = Vec::new();
-                loop {
-                    match rx.blocking_recv() {
-                        Some(Event::Token { token, text: t, logprob }) => {
-                            tokens.push(token);
-                            text.push_str(&t);
-                            logprobs.extend(logprob);
-                        }
-                        Some(Event::Done(c)) => {
-                            text.push_str(&c.tail_text);
-                            return Ok((text, tokens, logprobs, c));
-                        }
-                        Some(Event::Error(e)) => return Err(e),
-                        Some(Event::Admitted { .. }) => {}
-                        None => return Err("engine stopped".to_string()),
-                    }
-                }
-            })
-        })
+        .map(|rx| std::thread::spawn(move || abserve_engine::collect_blocking(rx)))
         .collect();
     let mut failed = 0;
     let mut total_tokens = 0usize;
     for (i, h) in handles.into_iter().enumerate() {
         match h.join().expect("collector thread") {
-            Ok((text, tokens, logprobs, c)) => {
+            Ok(abserve_engine::Output { text, tokens, logprobs, completion: c, .. }) => {
                 total_tokens += c.completion_tokens;
                 let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
                 let tps = if c.completion_tokens > 1 && gen_time > 0.0 {

@@ -409,5 +409,5 @@ fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: Receiver<Command>
             }
         }
     }
-    sched.abort_all(be, "the engine is shutting down");
+    sched.abort_all(be);
 }

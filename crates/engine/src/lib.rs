@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod collect;
 pub mod engine;
 pub mod gguf;
 pub mod plan;
@@ -12,5 +13,6 @@ pub mod scheduler;
 pub mod text;
 
 pub use engine::{Engine, EngineConfig, EngineError};
-pub use request::{Completion, Event, FinishReason, Request, SubmitError};
+pub use collect::{collect, collect_blocking, Collector, Output};
+pub use request::{Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError};
 pub use sampler::SamplingParams;

@@ -65,10 +65,31 @@ pub enum Event {
     Admitted { queue_time: Duration, order: u64 },
     Token { token: i32, text: String, logprob: Option<TokenLogprob> },
     Done(Completion),
-    Error(String),
+    Error(GenerationError),
+}
+
+/// Why an admitted request ended without an answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GenerationError {
+    /// Only without admission control (`--unsafe-no-admission-control`): the batch did not fit.
+    #[error("out of memory: no free KV cache cells for the batch (admission control is off)")]
+    OutOfMemory,
+    /// llama.cpp found no room for a sequence that runs alone.
+    #[error("no KV cache slot for a single sequence")]
+    NoSlot,
+    /// `llama_decode` failed.
+    #[error("decode failed: {0}")]
+    Decode(String),
+    /// The engine shut down with the request queued or running.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// The event channel closed before an answer (the engine thread is gone).
+    #[error("the engine stopped before the request finished")]
+    EngineStopped,
 }
 
 pub type EventSender = UnboundedSender<Event>;
+pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<Event>;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SubmitError {

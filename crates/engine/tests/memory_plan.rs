@@ -78,20 +78,9 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
 }
 
 /// Tokens and, per token, the top alternatives (id, logprob).
-fn collect_with_logprobs(mut rx: tokio::sync::mpsc::UnboundedReceiver<abserve_engine::Event>) -> (Vec<i32>, Vec<(i32, Vec<(i32, f32)>)>) {
-    let mut toks = vec![];
-    let mut lps = vec![];
-    loop {
-        match rx.blocking_recv() {
-            Some(abserve_engine::Event::Token { token, logprob, .. }) => {
-                toks.push(token);
-                let l = logprob.expect("logprobs requested");
-                lps.push((token, l.top));
-            }
-            Some(abserve_engine::Event::Done(_)) => return (toks, lps),
-            Some(abserve_engine::Event::Error(e)) => panic!("{e}"),
-            Some(_) => {}
-            None => panic!("channel closed"),
-        }
-    }
+fn collect_with_logprobs(rx: tokio::sync::mpsc::UnboundedReceiver<abserve_engine::Event>) -> (Vec<i32>, Vec<(i32, Vec<(i32, f32)>)>) {
+    let o = abserve_engine::collect_blocking(rx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(o.logprobs.len(), o.tokens.len(), "logprobs requested");
+    let lps = o.tokens.iter().zip(o.logprobs).map(|(&t, l)| (t, l.top)).collect();
+    (o.tokens, lps)
 }

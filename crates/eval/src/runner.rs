@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_ab::experiment::{render_row, template_fields, Variant};
+use abserve_ab::experiment::{template_fields, Variant};
 use abserve_engine::chat::ChatMessage;
 use futures::StreamExt;
 use rand::Rng;
@@ -58,21 +58,17 @@ pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 /// The chat request of `v` for `row`. Without a variant seed, all variants of a row share one
 /// (derived from the row's id): sampled variants then differ by their prompts, not by luck.
 pub fn call_for(v: &Variant, row: &Row) -> Result<Call, String> {
-    let user = render_row(&v.template, &Value::Object(row.fields.clone()))?;
-    let mut messages = Vec::new();
-    if let Some(s) = &v.system {
-        messages.push(ChatMessage::new("system", s));
-    }
-    messages.push(ChatMessage::new("user", &user));
+    let messages = v.chat_for_row(&Value::Object(row.fields.clone())).map_err(|e| e.message)?;
+    let s = v.sampling();
     Ok(Call {
-        messages,
-        temperature: v.temperature,
-        top_p: v.top_p,
-        max_tokens: v.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        seed: Some(v.seed.unwrap_or_else(|| fnv1a(row.id.bytes()) >> 1)),
-        stop: v.stop.clone(),
-        presence_penalty: v.presence_penalty,
-        frequency_penalty: v.frequency_penalty,
+        messages: messages.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect(),
+        temperature: s.temperature,
+        top_p: s.top_p,
+        max_tokens: s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        seed: Some(s.seed.unwrap_or_else(|| fnv1a(row.id.bytes()) >> 1)),
+        stop: s.stop,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
     })
 }
 

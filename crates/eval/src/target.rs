@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abserve_engine::chat::ChatMessage;
-use abserve_engine::{Engine, Event, Request, SamplingParams, SubmitError};
+use abserve_engine::{Engine, Request, SamplingParams, SubmitError};
 use abserve_protocol::{names, ClientError};
 use serde::Serialize;
 use serde_json::json;
@@ -186,35 +186,20 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
         params.max_tokens = (context - prompt.len()) as u32;
     }
     let started = Instant::now();
-    let mut rx = match engine.submit(Request::new(prompt, params)) {
+    let rx = match engine.submit(Request::new(prompt, params)) {
         Ok(rx) => rx,
         Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
         Err(e) => return Err(CallError::Failed(e.to_string())),
     };
-    let mut out = String::new();
-    let mut first = None;
-    loop {
-        match rx.recv().await {
-            Some(Event::Token { text, .. }) => {
-                first.get_or_insert_with(|| started.elapsed());
-                out.push_str(&text);
-            }
-            Some(Event::Done(c)) => {
-                out.push_str(&c.tail_text);
-                let latency = started.elapsed();
-                return Ok(Generation {
-                    text: out,
-                    prompt_tokens: c.prompt_tokens as u64,
-                    completion_tokens: c.completion_tokens as u64,
-                    ttft: first.unwrap_or(latency),
-                    latency,
-                    finish_reason: c.finish_reason.as_str().into(),
-                });
-            }
-            Some(Event::Error(e)) => return Err(CallError::Failed(e)),
-            Some(Event::Admitted { .. }) => {}
-            None => return Err(CallError::Failed("the engine stopped".into())),
-        }
-    }
+    let o = abserve_engine::collect(rx).await.map_err(|e| CallError::Failed(e.to_string()))?;
+    let latency = started.elapsed();
+    Ok(Generation {
+        text: o.text,
+        prompt_tokens: o.completion.prompt_tokens as u64,
+        completion_tokens: o.completion.completion_tokens as u64,
+        ttft: o.first_token_after.unwrap_or(latency),
+        latency,
+        finish_reason: o.completion.finish_reason.as_str().into(),
+    })
 }
 

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_engine::sampler::TokenLogprob;
 use abserve_engine::{Completion, Event, Request, SamplingParams};
@@ -155,13 +155,7 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
                 PromptField::Text(t) => t.clone(),
                 _ => return Err(ApiError::invalid_param("prompt", "experiments take a single text prompt")),
             };
-            let rendered = abserve_ab::experiment::render(&v.template, &text)
-                .map_err(|e| ApiError::bad_request(format!("variant '{}': {e}", v.id)))?;
-            let with_system = match &v.system {
-                Some(sys) => format!("{sys}\n\n{rendered}"),
-                None => rendered,
-            };
-            req.prompt = PromptField::Text(with_system);
+            req.prompt = PromptField::Text(v.completion_prompt(&text).map_err(|e| ApiError::bad_request(e.to_string()))?);
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
@@ -241,7 +235,6 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 
 /// Admits every sequence of the job (all or none), then answers.
 async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
-    let started = Instant::now();
     let mut rxs = Vec::with_capacity(job.prompts.len());
     for p in &job.prompts {
         let req = Request {
@@ -256,9 +249,9 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
     }
     let routed = job.routed.as_ref().map(|r| (r.experiment.clone(), r.variant.clone()));
     let mut resp = if job.stream {
-        stream_response(state, job, rxs, started).into_response()
+        stream_response(state, job, rxs).into_response()
     } else {
-        collect_response(state, job, rxs, started).await?
+        collect_response(state, job, rxs).await?
     };
     if let Some((e, v)) = routed {
         let h = resp.headers_mut();
@@ -285,34 +278,6 @@ async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error
 
 fn abserve_field(r: &Routed) -> Value {
     json!({"experiment": r.experiment, "variant": r.variant, "unit": r.unit, "forced": r.forced, "in_experiment": r.record})
-}
-
-struct Choice {
-    text: String,
-    tokens: Vec<i32>,
-    logprobs: Vec<TokenLogprob>,
-    done: Option<Completion>,
-}
-
-async fn collect_one(mut rx: UnboundedReceiver<Event>) -> Result<Choice, ApiError> {
-    let mut c = Choice { text: String::new(), tokens: vec![], logprobs: vec![], done: None };
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Token { token, text, logprob } => {
-                c.tokens.push(token);
-                c.text.push_str(&text);
-                c.logprobs.extend(logprob);
-            }
-            Event::Done(d) => {
-                c.text.push_str(&d.tail_text);
-                c.done = Some(d);
-                return Ok(c);
-            }
-            Event::Error(e) => return Err(ApiError::unavailable(e)),
-            Event::Admitted { .. } => {}
-        }
-    }
-    Err(ApiError::unavailable("The engine stopped before the request finished."))
 }
 
 fn observe(state: &AppState, d: &Completion) {
@@ -360,20 +325,19 @@ async fn collect_response(
     state: Arc<AppState>,
     job: Job,
     rxs: Vec<UnboundedReceiver<Event>>,
-    _started: Instant,
 ) -> Result<Response, ApiError> {
-    let results = futures::future::join_all(rxs.into_iter().map(collect_one)).await;
+    let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     if let Some(r) = &job.routed {
-        let first = results.first().and_then(|x| x.as_ref().ok()).and_then(|c| c.done.as_ref());
-        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.message.clone());
+        let first = results.first().and_then(|x| x.as_ref().ok()).map(|c| &c.completion);
+        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.to_string());
         expose(&state, r, first, err).await?;
     }
     let mut choices = vec![];
     let prompt_tokens = prompt_tokens_once(&job.prompts);
     let (mut completion_tokens, mut cached) = (0, 0);
     for (i, r) in results.into_iter().enumerate() {
-        let c = r?;
-        let d = c.done.expect("collected to the end");
+        let c = r.map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let d = c.completion;
         observe(&state, &d);
         cached += d.shared_prompt_tokens;
         completion_tokens += d.completion_tokens;
@@ -423,7 +387,6 @@ fn stream_response(
     state: Arc<AppState>,
     job: Job,
     rxs: Vec<UnboundedReceiver<Event>>,
-    _started: Instant,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (id, object) = match job.kind {
         Kind::Chat => (new_id("chatcmpl"), "chat.completion.chunk"),
@@ -486,7 +449,10 @@ fn stream_response(
                         };
                         Some(Piece::Last(c, d))
                     }
-                    Event::Error(e) => Some(Piece::Chunk(json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}}))),
+                    Event::Error(e) => {
+                        let message = e.to_string();
+                        Some(Piece::Error(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}), message))
+                    }
                     Event::Admitted { .. } => None,
                 }
             }
@@ -496,23 +462,31 @@ fn stream_response(
     let prompts = job.prompts.clone();
     let routed = job.routed.clone();
     let expose_state = state.clone();
+    // what the exposure records: the first choice's completion and the first error, as a
+    // whole response records them
     let first_done: Arc<std::sync::Mutex<Option<Completion>>> = Default::default();
-    let fd = first_done.clone();
+    let first_error: Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let (fd, fe) = (first_done.clone(), first_error.clone());
     let completion_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let ct = completion_tokens.clone();
     let events = stream::iter(head.into_iter().map(|c| sse(&c)))
         .chain(body.map(move |p| match p {
             Piece::Chunk(c) => sse(&c),
+            Piece::Error(c, message) => {
+                fe.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(message);
+                sse(&c)
+            }
             Piece::Last(c, d) => {
-                fd.lock().unwrap().get_or_insert_with(|| d.clone());
+                fd.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| d.clone());
                 ct.fetch_add(d.completion_tokens, std::sync::atomic::Ordering::Relaxed);
                 sse(&c)
             }
         }))
         .chain(stream::once(async move {
             if let Some(r) = &routed {
-                let d = first_done.lock().unwrap().clone();
-                if let Err(e) = expose(&expose_state, r, d.as_ref(), None).await {
+                let d = first_done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let err = first_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Err(e) = expose(&expose_state, r, d.as_ref(), err).await {
                     tracing::error!("recording an exposure failed: {}", e.message);
                 }
             }
@@ -533,6 +507,8 @@ fn stream_response(
 
 enum Piece {
     Chunk(Value),
+    /// An error chunk and its message.
+    Error(Value, String),
     Last(Value, Completion),
 }
 

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 use abserve_ab::assign::assign;
-use abserve_ab::experiment::{render, Experiment, Status, Variant};
+use abserve_ab::experiment::{Experiment, Status, Variant};
+use abserve_ab::variant::Message;
 use abserve_ab::store::{Exposure, OutcomeEvent, Store};
 use abserve_engine::chat::ChatMessage;
-use abserve_engine::{Event, Request, SamplingParams};
+use abserve_engine::{Request, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
@@ -171,29 +171,20 @@ pub struct Routed {
 }
 
 /// Applies a variant's parameters over the request's: what the variant sets wins.
+/// Applies a variant's sampling settings over the request's (`explicit_max`: the variant set
+/// max_tokens, so it is not clamped silently).
 pub fn apply_variant(v: &Variant, p: &mut SamplingParams, explicit_max: &mut bool) {
-    if let Some(t) = v.temperature {
-        p.temperature = t;
-    }
-    if let Some(t) = v.top_p {
-        p.top_p = t;
-    }
-    if let Some(m) = v.max_tokens {
+    let s = v.sampling();
+    p.temperature = s.temperature.unwrap_or(p.temperature);
+    p.top_p = s.top_p.unwrap_or(p.top_p);
+    if let Some(m) = s.max_tokens {
         p.max_tokens = m;
         *explicit_max = true;
     }
-    if let Some(s) = v.seed {
-        p.seed = Some(s);
-    }
-    if let Some(s) = &v.stop {
-        p.stop = s.clone();
-    }
-    if let Some(x) = v.presence_penalty {
-        p.presence_penalty = x;
-    }
-    if let Some(x) = v.frequency_penalty {
-        p.frequency_penalty = x;
-    }
+    p.seed = s.seed.or(p.seed);
+    p.stop = s.stop.unwrap_or(std::mem::take(&mut p.stop));
+    p.presence_penalty = s.presence_penalty.unwrap_or(p.presence_penalty);
+    p.frequency_penalty = s.frequency_penalty.unwrap_or(p.frequency_penalty);
 }
 
 /// Picks the variant for a request to `experiment:<name>`.
@@ -229,24 +220,11 @@ pub fn route(state: &AppState, name: &str, unit: Option<String>, forced: Option<
 
 /// The chat messages a variant sends: its system prompt (if any) replaces the request's, and
 /// the last user message goes through its template as `{{ input }}`.
+/// A conversation as variant `v` sends it (see [`Variant::chat`]).
 pub fn variant_messages(v: &Variant, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, ApiError> {
-    let mut out: Vec<ChatMessage> = vec![];
-    if let Some(sys) = &v.system {
-        out.push(ChatMessage::new("system", sys));
-    }
-    let last_user = messages.iter().rposition(|m| m.role == "user");
-    for (i, m) in messages.iter().enumerate() {
-        if v.system.is_some() && m.role == "system" {
-            continue;
-        }
-        if Some(i) == last_user {
-            let text = render(&v.template, &m.content).map_err(|e| ApiError::bad_request(format!("variant '{}': {e}", v.id)))?;
-            out.push(ChatMessage::new("user", &text));
-        } else {
-            out.push(m.clone());
-        }
-    }
-    Ok(out)
+    let ab: Vec<Message> = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
+    let out = v.chat(&ab).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(out.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect())
 }
 
 #[derive(Deserialize)]
@@ -260,7 +238,6 @@ struct FanoutBody {
 pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let e = find(&state, &name)?;
     let b: FanoutBody = crate::openai::parse_body(&body)?;
-    let started = Instant::now();
     let mut jobs = vec![];
     for v in &e.variants {
         let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
@@ -278,22 +255,24 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     for j in jobs {
         rxs.push(state.admit_nowait(j)?);
     }
-    let outs = futures::future::join_all(rxs.into_iter().map(|rx| collect(rx, started))).await;
+    let outs = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     let mut results = vec![];
     let mut orders = vec![];
     for (v, o) in e.variants.iter().zip(outs) {
         match o {
             Ok(o) => {
-                orders.push(o.order);
+                let d = &o.completion;
+                orders.push(o.admission_order.unwrap_or(u64::MAX));
                 results.push(json!({
-                    "variant": v.id, "output": o.text, "prompt_tokens": o.prompt_tokens,
-                    "completion_tokens": o.completion_tokens, "shared_prompt_tokens": o.shared,
-                    "ttft_ms": o.ttft_ms, "latency_ms": o.latency_ms, "finish_reason": o.finish, "error": null,
+                    "variant": v.id, "output": o.text, "prompt_tokens": d.prompt_tokens,
+                    "completion_tokens": d.completion_tokens, "shared_prompt_tokens": d.shared_prompt_tokens,
+                    "ttft_ms": d.time_to_first_token.as_secs_f64() * 1e3, "latency_ms": d.total_time.as_secs_f64() * 1e3,
+                    "finish_reason": d.finish_reason.as_str(), "error": null,
                 }))
             }
             Err(err) => {
                 orders.push(u64::MAX);
-                results.push(json!({"variant": v.id, "output": null, "error": err}))
+                results.push(json!({"variant": v.id, "output": null, "error": err.to_string()}))
             }
         }
     }
@@ -307,43 +286,3 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     Ok(Json(json!({"experiment": e.name, "input": b.input, "results": results})).into_response())
 }
 
-struct Collected {
-    text: String,
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    shared: usize,
-    ttft_ms: f64,
-    latency_ms: f64,
-    finish: &'static str,
-    order: u64,
-}
-
-async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, started: Instant) -> Result<Collected, String> {
-    let mut text = String::new();
-    let mut order = u64::MAX;
-    let mut first: Option<Instant> = None;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Admitted { order: o, .. } => order = o,
-            Event::Token { text: t, .. } => {
-                first.get_or_insert_with(Instant::now);
-                text.push_str(&t);
-            }
-            Event::Done(d) => {
-                text.push_str(&d.tail_text);
-                return Ok(Collected {
-                    text,
-                    prompt_tokens: d.prompt_tokens,
-                    completion_tokens: d.completion_tokens,
-                    shared: d.shared_prompt_tokens,
-                    ttft_ms: first.map_or(0.0, |f| (f - started).as_secs_f64() * 1e3),
-                    latency_ms: started.elapsed().as_secs_f64() * 1e3,
-                    finish: d.finish_reason.as_str(),
-                    order,
-                });
-            }
-            Event::Error(e) => return Err(e),
-        }
-    }
-    Err("the engine stopped".into())
-}

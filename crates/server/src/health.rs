@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use abserve_engine::plan::current_rss;
-use abserve_engine::{Event, Request, SamplingParams};
+use abserve_engine::{Request, SamplingParams};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -34,19 +34,11 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
     let t0 = Instant::now();
     let prompt = state.engine.model().tokenize("ready", true);
     let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true, kv_share: None };
-    let mut rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
-    let deadline = tokio::time::sleep(std::time::Duration::from_secs(30));
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(Event::Done(_)) => break,
-                Some(Event::Error(e)) => return Err(format!("probe generation failed: {e}")),
-                Some(_) => {}
-                None => return Err("engine stopped during the probe".into()),
-            },
-            _ = &mut deadline => return Err("probe generation took longer than 30 s".into()),
-        }
+    let rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
+    match tokio::time::timeout(std::time::Duration::from_secs(30), abserve_engine::collect(rx)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("probe generation failed: {e}")),
+        Err(_) => return Err("probe generation took longer than 30 s".into()),
     }
     let latency = t0.elapsed();
     let plan = state.engine.plan();

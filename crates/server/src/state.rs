@@ -93,7 +93,7 @@ impl AppState {
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some(Event::Admitted { .. }) => Ok(rx),
-                Some(Event::Error(e)) => Err(ApiError::unavailable(e)),
+                Some(Event::Error(e)) => Err(ApiError::unavailable(e.to_string())),
                 Some(_) => Ok(rx),
                 None => Err(ApiError::unavailable("The engine stopped.")),
             },

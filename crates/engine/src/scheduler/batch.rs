@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::seq::Phase;
 use super::stats::EngineStats;
 use super::{Compute, Scheduler};
-use crate::request::{Completion, Event, FinishReason};
+use crate::request::{Completion, Event, FinishReason, GenerationError};
 
 /// Part of a batch: `n` tokens of running sequence `idx`, with logits at batch index `logits`.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +54,7 @@ impl Scheduler {
         plan
     }
 
-    pub(super) fn fail_batch<C: Compute>(&mut self, be: &mut C, plan: &[Planned], msg: &str) {
+    pub(super) fn fail_batch<C: Compute>(&mut self, be: &mut C, plan: &[Planned], err: GenerationError) {
         let mut idx: Vec<usize> = plan.iter().map(|p| p.idx).collect();
         idx.sort_unstable();
         for &i in idx.iter().rev() {
@@ -62,7 +62,7 @@ impl Scheduler {
             // release also drops the sequence from llama.cpp's cache, not only from our accounting
             let s = self.release(be, a);
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = s.tx.send(Event::Error(msg.to_string()));
+            let _ = s.tx.send(Event::Error(err.clone()));
         }
     }
 

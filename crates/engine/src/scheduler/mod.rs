@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::request::{Event, EventSender, Request};
+use crate::request::{Event, EventSender, GenerationError, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
@@ -293,12 +293,12 @@ impl Scheduler {
                     tracing::debug!("no KV slot for the batch; preempting");
                     if !self.cfg.admission_control {
                         // what a server without a memory plan does: the batch fails
-                        self.fail_batch(be, &plan, "out of memory: no free KV cache cells for the batch (admission control is off)");
+                        self.fail_batch(be, &plan, GenerationError::OutOfMemory);
                         self.publish();
                         return true;
                     }
                     if self.running.len() <= 1 {
-                        self.fail_batch(be, &plan, "no KV cache slot for a single sequence");
+                        self.fail_batch(be, &plan, GenerationError::NoSlot);
                         self.publish();
                         return true;
                     }
@@ -306,7 +306,7 @@ impl Scheduler {
                 }
                 Err(e) => {
                     tracing::error!("llama_decode failed: {e}");
-                    self.fail_batch(be, &plan, &format!("decode failed: {e}"));
+                    self.fail_batch(be, &plan, GenerationError::Decode(e.to_string()));
                     self.publish();
                     return true;
                 }
@@ -488,15 +488,15 @@ impl Scheduler {
     }
 
     /// Drops everything (engine shutdown): waiting and running get an error event.
-    pub fn abort_all<C: Compute>(&mut self, be: &mut C, msg: &str) {
+    pub fn abort_all<C: Compute>(&mut self, be: &mut C) {
         for s in std::mem::take(&mut self.waiting) {
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = s.tx.send(Event::Error(msg.into()));
+            let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
         }
         while let Some(a) = self.running.pop() {
             let s = self.release(be, a);
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = s.tx.send(Event::Error(msg.into()));
+            let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
         }
         while self.evict_lru(be, None) {}
         self.publish();

@@ -34,28 +34,11 @@ pub struct Output {
     pub gaps: Vec<f32>,
 }
 
-pub fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Output, String> {
-    let mut tokens = Vec::new();
-    let mut text = String::new();
-    let mut gaps = Vec::new();
-    loop {
-        match rx.blocking_recv() {
-            Some(Event::Token { token, text: t, logprob }) => {
-                tokens.push(token);
-                text.push_str(&t);
-                if let Some(l) = logprob.filter(|l| l.top.len() >= 2) {
-                    gaps.push(l.top[0].1 - l.top[1].1);
-                }
-            }
-            Some(Event::Done(done)) => {
-                text.push_str(&done.tail_text);
-                return Ok(Output { tokens, text, done, gaps });
-            }
-            Some(Event::Admitted { .. }) => {}
-            Some(Event::Error(e)) => return Err(e),
-            None => return Err("channel closed".into()),
-        }
-    }
+/// The engine's own collector, plus the top-2 gaps the agreement tests need.
+pub fn collect(rx: UnboundedReceiver<Event>) -> Result<Output, String> {
+    let o = abserve_engine::collect_blocking(rx).map_err(|e| e.to_string())?;
+    let gaps = o.logprobs.iter().filter(|l| l.top.len() >= 2).map(|l| l.top[0].1 - l.top[1].1).collect();
+    Ok(Output { tokens: o.tokens, text: o.text, done: o.completion, gaps })
 }
 
 pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedReceiver<Event> {

@@ -1,0 +1,149 @@
+//! One variant API: what a variant does to a request — its messages (system prompt and user
+//! template) and its sampling settings. The server's chat and completions routes, its fan-out
+//! and `abserve eval` all go through here, so a variant means the same thing everywhere.
+
+use serde_json::Value;
+
+use crate::experiment::{render, render_row, Variant};
+
+/// A chat message (role and text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message { role: role.into(), content: content.into() }
+    }
+}
+
+/// A variant's sampling settings; `None` leaves the request's (or the default) value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Vec<String>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+/// A template that does not render for this input, with the variant named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("variant '{variant}': {message}")]
+pub struct VariantError {
+    pub variant: String,
+    pub message: String,
+}
+
+impl Variant {
+    fn err(&self, message: String) -> VariantError {
+        VariantError { variant: self.id.clone(), message }
+    }
+
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_tokens,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+        }
+    }
+
+    /// A conversation as this variant sends it: its system prompt (when it has one) replaces
+    /// the caller's system messages and goes first; the last user message is rendered through
+    /// the template (`{{ input }}` is that message); everything else is kept in order.
+    pub fn chat(&self, messages: &[Message]) -> Result<Vec<Message>, VariantError> {
+        let mut out = Vec::with_capacity(messages.len() + 1);
+        if let Some(sys) = &self.system {
+            out.push(Message::new("system", sys));
+        }
+        let last_user = messages.iter().rposition(|m| m.role == "user");
+        for (i, m) in messages.iter().enumerate() {
+            if self.system.is_some() && m.role == "system" {
+                continue;
+            }
+            if Some(i) == last_user {
+                let text = render(&self.template, &m.content).map_err(|e| self.err(e))?;
+                out.push(Message::new("user", &text));
+            } else {
+                out.push(m.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// One input (a fan-out): the conversation of a single user message.
+    pub fn chat_for_input(&self, input: &str) -> Result<Vec<Message>, VariantError> {
+        self.chat(&[Message::new("user", input)])
+    }
+
+    /// A dataset row (eval): the template sees every field of the row.
+    pub fn chat_for_row(&self, row: &Value) -> Result<Vec<Message>, VariantError> {
+        let user = render_row(&self.template, row).map_err(|e| self.err(e))?;
+        let mut out = Vec::with_capacity(2);
+        if let Some(s) = &self.system {
+            out.push(Message::new("system", s));
+        }
+        out.push(Message::new("user", &user));
+        Ok(out)
+    }
+
+    /// A completions prompt: the rendered template, after the system prompt and a blank line.
+    pub fn completion_prompt(&self, prompt: &str) -> Result<String, VariantError> {
+        let rendered = render(&self.template, prompt).map_err(|e| self.err(e))?;
+        Ok(match &self.system {
+            Some(sys) => format!("{sys}\n\n{rendered}"),
+            None => rendered,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn variant(system: Option<&str>, template: &str) -> Variant {
+        let toml = format!(
+            "id = \"v\"\ntemplate = {template:?}\ntemperature = 0.5\nmax_tokens = 9\n{}",
+            system.map(|s| format!("system = {s:?}\n")).unwrap_or_default()
+        );
+        toml::from_str(&toml).unwrap()
+    }
+
+    #[test]
+    fn the_system_prompt_replaces_the_callers_and_the_last_user_message_is_templated() {
+        let v = variant(Some("Be brief."), "Q: {{ input }}");
+        let msgs = [
+            Message::new("system", "caller's system"),
+            Message::new("user", "first"),
+            Message::new("assistant", "answer"),
+            Message::new("user", "second"),
+        ];
+        let out = v.chat(&msgs).unwrap();
+        let pairs: Vec<(&str, &str)> = out.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(pairs, [("system", "Be brief."), ("user", "first"), ("assistant", "answer"), ("user", "Q: second")]);
+        let plain = variant(None, "{{ input }}!");
+        assert_eq!(plain.chat(&msgs).unwrap()[0], Message::new("system", "caller's system"), "no variant system: the caller's stays");
+    }
+
+    #[test]
+    fn inputs_rows_and_completion_prompts_and_sampling() {
+        let v = variant(Some("S"), "{{ input }} ({{ topic | default('any') }})");
+        assert_eq!(v.chat_for_input("hi").unwrap(), [Message::new("system", "S"), Message::new("user", "hi (any)")]);
+        let row = serde_json::json!({"input": "hi", "topic": "books"});
+        assert_eq!(v.chat_for_row(&row).unwrap()[1].content, "hi (books)");
+        assert_eq!(v.completion_prompt("hi").unwrap(), "S\n\nhi (any)");
+        assert_eq!(v.sampling(), Sampling { temperature: Some(0.5), max_tokens: Some(9), ..Default::default() });
+        let bad = variant(None, "{{ missing }}");
+        let e = bad.chat_for_input("x").unwrap_err();
+        assert_eq!(e.variant, "v");
+        assert!(e.to_string().starts_with("variant 'v': template does not render"), "{e}");
+    }
+}
