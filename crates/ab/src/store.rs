@@ -104,6 +104,16 @@ impl Store {
         Ok(())
     }
 
+    /// Stores a new experiment; `false` (and nothing written) when one of that name exists. One
+    /// statement, so of two concurrent creates exactly one succeeds.
+    pub fn create_experiment(&self, e: &Experiment) -> Result<bool, StoreError> {
+        let n = self.conn.execute(
+            "INSERT INTO experiments (name, definition, updated_at) VALUES (?1, ?2, ?3) ON CONFLICT(name) DO NOTHING",
+            params![e.name, serde_json::to_string(e)?, now()],
+        )?;
+        Ok(n == 1)
+    }
+
     pub fn experiments(&self) -> Result<Vec<Experiment>, StoreError> {
         let mut st = self.conn.prepare("SELECT definition FROM experiments ORDER BY name")?;
         let rows = st.query_map([], |r| r.get::<_, String>(0))?;
@@ -170,49 +180,9 @@ impl Store {
 
     /// Per-variant results with statistics against the control.
     pub fn results(&self, e: &Experiment) -> Result<Results, StoreError> {
-        // the variant of each unit: its first non-forced exposure
-        let mut unit_variant: BTreeMap<String, String> = BTreeMap::new();
-        let mut exposures: BTreeMap<String, u64> = BTreeMap::new();
-        let mut auto: BTreeMap<(String, &'static str), Vec<f64>> = BTreeMap::new();
-        {
-            let mut st = self.conn.prepare(
-                "SELECT variant, unit, latency_ms, ttft_ms, output_tokens, error FROM exposures
-                 WHERE experiment = ?1 AND forced = 0 ORDER BY id",
-            )?;
-            let mut rows = st.query([&e.name])?;
-            while let Some(r) = rows.next()? {
-                let variant: String = r.get(0)?;
-                let unit: String = r.get(1)?;
-                unit_variant.entry(unit).or_insert_with(|| variant.clone());
-                *exposures.entry(variant.clone()).or_insert(0) += 1;
-                let vals: [(&'static str, Option<f64>); 4] = [
-                    ("latency_ms", r.get(2)?),
-                    ("ttft_ms", r.get(3)?),
-                    ("output_tokens", r.get::<_, Option<i64>>(4)?.map(|v| v as f64)),
-                    ("error", Some(if r.get::<_, Option<String>>(5)?.is_some() { 1.0 } else { 0.0 })),
-                ];
-                for (k, v) in vals {
-                    if let Some(v) = v {
-                        auto.entry((variant.clone(), k)).or_default().push(v);
-                    }
-                }
-            }
-        }
-        // outcome metrics: the mean of each unit's values, attributed to the unit's variant
-        let mut per_unit: BTreeMap<(String, String, String), (f64, u64)> = BTreeMap::new();
-        {
-            let mut st = self.conn.prepare("SELECT unit, metric, value FROM events WHERE experiment = ?1")?;
-            let mut rows = st.query([&e.name])?;
-            while let Some(r) = rows.next()? {
-                let unit: String = r.get(0)?;
-                let Some(variant) = unit_variant.get(&unit) else { continue };
-                let metric: String = r.get(1)?;
-                let value: f64 = r.get(2)?;
-                let acc = per_unit.entry((metric, variant.clone(), unit)).or_insert((0.0, 0));
-                acc.0 += value;
-                acc.1 += 1;
-            }
-        }
+        let x = self.exposure_values(&e.name)?;
+        let per_unit = self.unit_means(&e.name, &x.unit_variant)?;
+        let (unit_variant, exposures, auto) = (x.unit_variant, x.exposures, x.auto);
         let mut metric_values: BTreeMap<String, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
         for ((metric, variant, _), (sum, n)) in per_unit {
             metric_values.entry(metric).or_default().entry(variant).or_default().push(sum / n as f64);
@@ -251,6 +221,60 @@ impl Store {
         let observed: Vec<u64> = variants.iter().map(|v| v.units).collect();
         Ok(Results { experiment: e.name.clone(), control: control.clone(), srm: srm(&observed, &e.weights()), variants })
     }
+
+    /// Per unit its variant (its first non-forced exposure), exposures per variant, and the
+    /// automatic metrics of every exposure (latency, TTFT, output tokens, error).
+    fn exposure_values(&self, experiment: &str) -> Result<ExposureValues, StoreError> {
+        let mut x = ExposureValues::default();
+        let mut st = self.conn.prepare(
+            "SELECT variant, unit, latency_ms, ttft_ms, output_tokens, error FROM exposures
+             WHERE experiment = ?1 AND forced = 0 ORDER BY id",
+        )?;
+        let mut rows = st.query([experiment])?;
+        while let Some(r) = rows.next()? {
+            let variant: String = r.get(0)?;
+            let unit: String = r.get(1)?;
+            x.unit_variant.entry(unit).or_insert_with(|| variant.clone());
+            *x.exposures.entry(variant.clone()).or_insert(0) += 1;
+            let vals: [(&'static str, Option<f64>); 4] = [
+                ("latency_ms", r.get(2)?),
+                ("ttft_ms", r.get(3)?),
+                ("output_tokens", r.get::<_, Option<i64>>(4)?.map(|v| v as f64)),
+                ("error", Some(if r.get::<_, Option<String>>(5)?.is_some() { 1.0 } else { 0.0 })),
+            ];
+            for (k, v) in vals {
+                if let Some(v) = v {
+                    x.auto.entry((variant.clone(), k)).or_default().push(v);
+                }
+            }
+        }
+        Ok(x)
+    }
+
+    /// Outcome metrics: per (metric, variant, unit) the sum and count of the unit's values,
+    /// attributed to the unit's variant (events of units never exposed are left out).
+    fn unit_means(&self, experiment: &str, unit_variant: &BTreeMap<String, String>) -> Result<BTreeMap<(String, String, String), (f64, u64)>, StoreError> {
+        let mut per_unit: BTreeMap<(String, String, String), (f64, u64)> = BTreeMap::new();
+        let mut st = self.conn.prepare("SELECT unit, metric, value FROM events WHERE experiment = ?1")?;
+        let mut rows = st.query([experiment])?;
+        while let Some(r) = rows.next()? {
+            let unit: String = r.get(0)?;
+            let Some(variant) = unit_variant.get(&unit) else { continue };
+            let metric: String = r.get(1)?;
+            let value: f64 = r.get(2)?;
+            let acc = per_unit.entry((metric, variant.clone(), unit)).or_insert((0.0, 0));
+            acc.0 += value;
+            acc.1 += 1;
+        }
+        Ok(per_unit)
+    }
+}
+
+#[derive(Default)]
+struct ExposureValues {
+    unit_variant: BTreeMap<String, String>,
+    exposures: BTreeMap<String, u64>,
+    auto: BTreeMap<(String, &'static str), Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -313,6 +337,19 @@ mod tests {
         assert_eq!(s.count_events("aa").unwrap(), 2);
         assert!(s.delete_experiment("aa").unwrap());
         assert_eq!(s.experiment("aa").unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn of_two_creates_of_one_name_exactly_one_succeeds() {
+        let dir = tmp("create");
+        let s = Store::open(&dir).unwrap();
+        let e = exp();
+        assert!(s.create_experiment(&e).unwrap());
+        let mut other = e.clone();
+        other.coverage = 0.5;
+        assert!(!s.create_experiment(&other).unwrap(), "the name exists");
+        assert_eq!(s.experiment("aa").unwrap(), Some(e), "the first definition stays");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use abserve_engine::Engine;
-use abserve_eval::analysis::{summarize_run, table};
+use abserve_eval::analysis::{summarize_run, table, RunFacts};
 use abserve_eval::config::{EvalConfig, ScorerKind};
 use abserve_eval::dataset::Dataset;
 use abserve_eval::runner::{self, Options};
@@ -89,15 +89,17 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             target.describe()
         );
         let outcome = runner::run(&cfg, &ds, target.clone(), judge_target, &opts).await.map_err(anyhow::Error::msg)?;
-        let mut s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments);
-        s.target = target.describe();
-        s.concurrency = outcome.capacity.concurrency;
-        s.concurrency_source = outcome.capacity.source.clone();
-        s.wall_seconds = outcome.wall.as_secs_f64();
-        s.peak_memory_bytes = match &*target {
-            Target::Engine(_) => Some(abserve_engine::plan::peak_rss()),
-            Target::Http(_) => outcome.peak_memory,
+        let facts = RunFacts {
+            target: target.describe(),
+            concurrency: outcome.capacity.concurrency,
+            concurrency_source: outcome.capacity.source.clone(),
+            wall_seconds: outcome.wall.as_secs_f64(),
+            peak_memory_bytes: match &*target {
+                Target::Engine(_) => Some(abserve_engine::plan::peak_rss()),
+                Target::Http(_) => outcome.peak_memory,
+            },
         };
+        let s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments, facts);
         let out = &a.out;
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&s)?).context("writing summary.json")?;
         std::fs::write(out.join("report.md"), report_md::render(&s)).context("writing report.md")?;

@@ -110,6 +110,40 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
     Ok(jobs)
 }
 
+/// One finished generation, as a JSON line or a header line and the text.
+fn print_output(i: usize, o: &abserve_engine::Output, json: bool) -> anyhow::Result<()> {
+    let c = &o.completion;
+    let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
+    let tps = if c.completion_tokens > 1 && gen_time > 0.0 { (c.completion_tokens - 1) as f64 / gen_time } else { 0.0 };
+    if json {
+        let logprobs = if o.logprobs.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&o.logprobs)? };
+        println!(
+            "{}",
+            serde_json::json!({
+                "index": i, "text": o.text, "tokens": o.tokens,
+                "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                "finish_reason": c.finish_reason, "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
+                "total_ms": c.total_time.as_secs_f64() * 1e3, "tokens_per_second": tps,
+                "preemptions": c.preemptions, "shared_prompt_tokens": c.shared_prompt_tokens,
+                "logprobs": logprobs,
+            })
+        );
+    } else {
+        println!(
+            "--- [{}] prompt {} tok, output {} tok, ttft {:.0} ms, {:.1} tok/s, finish {}{}",
+            i + 1,
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.time_to_first_token.as_secs_f64() * 1e3,
+            tps,
+            c.finish_reason.as_str(),
+            if c.preemptions > 0 { format!(", preempted {}×", c.preemptions) } else { String::new() },
+        );
+        println!("{}", o.text);
+    }
+    Ok(())
+}
+
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let cfg = a.model.engine_config()?;
     let engine = Engine::start(cfg)?;
@@ -131,39 +165,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut total_tokens = 0usize;
     for (i, h) in handles.into_iter().enumerate() {
         match h.join().expect("collector thread") {
-            Ok(abserve_engine::Output { text, tokens, logprobs, completion: c, .. }) => {
-                total_tokens += c.completion_tokens;
-                let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
-                let tps = if c.completion_tokens > 1 && gen_time > 0.0 {
-                    (c.completion_tokens - 1) as f64 / gen_time
-                } else {
-                    0.0
-                };
-                if a.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "index": i, "text": text, "tokens": tokens,
-                            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                            "finish_reason": c.finish_reason, "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
-                            "total_ms": c.total_time.as_secs_f64() * 1e3, "tokens_per_second": tps,
-                            "preemptions": c.preemptions, "shared_prompt_tokens": c.shared_prompt_tokens,
-                            "logprobs": if logprobs.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&logprobs).unwrap() },
-                        })
-                    );
-                } else {
-                    println!(
-                        "--- [{}] prompt {} tok, output {} tok, ttft {:.0} ms, {:.1} tok/s, finish {}{}",
-                        i + 1,
-                        c.prompt_tokens,
-                        c.completion_tokens,
-                        c.time_to_first_token.as_secs_f64() * 1e3,
-                        tps,
-                        c.finish_reason.as_str(),
-                        if c.preemptions > 0 { format!(", preempted {}×", c.preemptions) } else { String::new() },
-                    );
-                    println!("{text}");
-                }
+            Ok(o) => {
+                total_tokens += o.completion.completion_tokens;
+                print_output(i, &o, a.json)?;
             }
             Err(e) => {
                 failed += 1;

@@ -3,6 +3,7 @@
 
 use abserve_engine::gguf::ModelShape;
 use abserve_engine::plan::{human_bytes, parse_bytes, Budget, MemoryPlan, PlanRequest};
+use abserve_engine::EngineConfig;
 use clap::Args;
 
 use crate::args::ModelArgs;
@@ -37,6 +38,40 @@ pub struct PlanArgs {
     pub device_memory: Option<u64>,
 }
 
+/// The plan of a model that is described by flags instead of a GGUF file.
+fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<MemoryPlan> {
+    let (layers, kv_heads, head_dim) = (a.layers.unwrap(), a.kv_heads.unwrap(), a.head_dim.unwrap());
+    if layers == 0 || kv_heads == 0 || head_dim == 0 {
+        anyhow::bail!("--layers, --kv-heads and --head-dim must be positive");
+    }
+    let heads = a.heads.unwrap_or(kv_heads * 8);
+    let shape = ModelShape {
+        n_layer: layers,
+        n_head: heads,
+        n_head_kv: kv_heads,
+        n_embd: heads * head_dim,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
+        n_vocab: a.vocab,
+        n_ctx_train: cfg.context,
+    };
+    Ok(MemoryPlan::new(&PlanRequest {
+        weights_bytes: w,
+        shape,
+        kv_type: cfg.kv_type,
+        memory_total: cfg.memory_total.unwrap_or_else(abserve_engine::plan::available_memory),
+        budget: cfg.budget,
+        margin: cfg.margin,
+        context: cfg.context,
+        n_batch: cfg.n_batch,
+        max_sequences: cfg.max_sequences,
+        kv_tokens_cap: cfg.kv_tokens_cap,
+        flash_attention: cfg.flash_attention,
+        kv_unified: cfg.kv_unified,
+        prefix_store: cfg.prefix_store,
+    }))
+}
+
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
     if let Some(d) = a.device_memory {
@@ -44,39 +79,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         cfg.budget = a.model.memory_budget.unwrap_or(Budget::Fraction(1.0));
     }
     let (plan, source) = match a.weights_bytes {
-        Some(w) => {
-            let (layers, kv_heads, head_dim) = (a.layers.unwrap(), a.kv_heads.unwrap(), a.head_dim.unwrap());
-            if layers == 0 || kv_heads == 0 || head_dim == 0 {
-                anyhow::bail!("--layers, --kv-heads and --head-dim must be positive");
-            }
-            let heads = a.heads.unwrap_or(kv_heads * 8);
-            let shape = ModelShape {
-                n_layer: layers,
-                n_head: heads,
-                n_head_kv: kv_heads,
-                n_embd: heads * head_dim,
-                head_dim_k: head_dim,
-                head_dim_v: head_dim,
-                n_vocab: a.vocab,
-                n_ctx_train: cfg.context,
-            };
-            let plan = MemoryPlan::new(&PlanRequest {
-                weights_bytes: w,
-                shape,
-                kv_type: cfg.kv_type,
-                memory_total: cfg.memory_total.unwrap_or_else(abserve_engine::plan::available_memory),
-                budget: cfg.budget,
-                margin: cfg.margin,
-                context: cfg.context,
-                n_batch: cfg.n_batch,
-                max_sequences: cfg.max_sequences,
-                kv_tokens_cap: cfg.kv_tokens_cap,
-                flash_attention: cfg.flash_attention,
-                kv_unified: cfg.kv_unified,
-                prefix_store: cfg.prefix_store,
-            });
-            (plan, "hypothetical".to_string())
-        }
+        Some(w) => (hypothetical(&a, &cfg, w)?, "hypothetical".to_string()),
         None => {
             let (_, plan) = cfg.plan()?;
             (plan, cfg.model.display().to_string())

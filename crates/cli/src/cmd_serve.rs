@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_engine::Engine;
+use abserve_engine::{Engine, QueueLimit};
 use abserve_server::metrics::Metrics;
 use abserve_server::{AppState, ServerConfig};
 use clap::Args;
@@ -53,21 +53,11 @@ pub struct ServeArgs {
     pub unsafe_no_admission_control: bool,
 }
 
-/// `--max-itl-ms` of `serve` when not given: on 2 cores with the default model a decode step
-/// takes ~9 ms + ~4 ms per sequence, so beyond ~13 sequences a step passes 60 ms while each more
-/// sequence adds under 2% tokens/s (docs/benchmarks.md); on faster hardware it never binds.
-pub const SERVE_MAX_ITL_MS: f64 = 60.0;
-
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
-    if a.model.max_itl_ms.is_none() {
-        cfg.max_itl_ms = SERVE_MAX_ITL_MS;
-    }
     cfg.admission_control = !a.unsafe_no_admission_control;
-    let (_, plan) = cfg.plan()?;
-    plan.check_fits()?;
-    let max_queue = a.max_queue.unwrap_or(2 * plan.seq_slots as usize);
-    cfg.max_waiting = max_queue;
+    // the queue bound is resolved against the plan's slots when the engine starts (planned once)
+    cfg.max_queue = a.max_queue.map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
     for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout)] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
@@ -78,14 +68,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     });
     // a bad experiments file is an error before any model work
     let ab = abserve_server::experiments::AbState::open(&a.data_dir, a.experiments.as_deref())?;
-    let step_hist = Metrics::engine_step_histogram();
+    let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
-    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist);
+    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist)?;
     let context = engine.plan().context as usize;
     let config = ServerConfig {
         model_id,
-        max_queue,
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),
         api_key: a.api_key.filter(|k| !k.is_empty()),
         body_limit: a.body_limit,

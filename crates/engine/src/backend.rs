@@ -24,6 +24,11 @@ static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
 static BUFFER_LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// llama.cpp's log sink.
+///
+/// # Safety
+/// Called by llama.cpp (any thread) with `text` either null or a NUL-terminated string that
+/// stays valid for the duration of the call; `_user` is the null pointer given at registration.
 unsafe extern "C" fn log_callback(
     level: llama_cpp_sys_2::ggml_log_level,
     text: *const std::os::raw::c_char,
@@ -32,6 +37,8 @@ unsafe extern "C" fn log_callback(
     if text.is_null() {
         return;
     }
+    // SAFETY: not null (checked above) and NUL-terminated for the call, as llama.cpp's logger
+    // guarantees; the string is copied before returning.
     let s = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     let line = s.trim_end();
     if line.contains("buffer size") {
@@ -52,6 +59,8 @@ unsafe extern "C" fn log_callback(
 
 pub fn backend() -> &'static LlamaBackend {
     BACKEND.get_or_init(|| {
+        // SAFETY: `log_callback` has the signature llama.cpp expects, never unwinds across the
+        // FFI boundary (it only copies the text and logs), and keeps no user data (null).
         unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
         LlamaBackend::init().expect("llama.cpp backend initialises once")
     })

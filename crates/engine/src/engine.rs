@@ -18,6 +18,26 @@ use crate::plan::{available_memory, current_rss, human_bytes, Budget, DoesNotFit
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
 
+/// How many requests may wait beyond the running slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLimit {
+    /// Callers that bound their own concurrency (generate, eval).
+    Unbounded,
+    Fixed(usize),
+    /// This many per sequence slot of the plan (serve's default: 2).
+    PerSlot(usize),
+}
+
+impl QueueLimit {
+    pub fn resolve(self, slots: usize) -> usize {
+        match self {
+            QueueLimit::Unbounded => usize::MAX,
+            QueueLimit::Fixed(n) => n,
+            QueueLimit::PerSlot(k) => k.saturating_mul(slots),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model: PathBuf,
@@ -32,8 +52,8 @@ pub struct EngineConfig {
     /// Cap on KV cells regardless of budget (tests keep the cache small with it).
     pub kv_tokens_cap: Option<u64>,
     pub threads: i32,
-    /// Waiting requests beyond which `submit` answers QueueFull.
-    pub max_waiting: usize,
+    /// Requests that may wait beyond the running slots before `submit` answers QueueFull.
+    pub max_queue: QueueLimit,
     pub use_mmap: bool,
     /// Test-only off: admit without checking free KV cells (in a unified pool, see `plan`).
     pub admission_control: bool,
@@ -66,7 +86,7 @@ impl EngineConfig {
             kv_type: KvType::F16,
             kv_tokens_cap: None,
             threads: std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(2),
-            max_waiting: usize::MAX,
+            max_queue: QueueLimit::Unbounded,
             use_mmap: true,
             admission_control: true,
             prefix_sharing: true,
@@ -138,7 +158,7 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     chat: Result<ChatTemplate, ChatTemplateError>,
     measured: MeasuredMemory,
-    max_waiting: usize,
+    max_queue: usize,
     thread: Option<JoinHandle<()>>,
     model_path: PathBuf,
 }
@@ -265,13 +285,13 @@ impl Engine {
             human_bytes(plan.compute_bytes),
         );
         Ok(Engine {
+            max_queue: cfg.max_queue.resolve(plan.seq_slots as usize),
             tx,
             model,
             plan,
             stats,
             chat,
             measured,
-            max_waiting: cfg.max_waiting,
             thread: Some(thread),
             model_path: cfg.model,
         })
@@ -279,6 +299,11 @@ impl Engine {
 
     pub fn plan(&self) -> &MemoryPlan {
         &self.plan
+    }
+
+    /// Requests that may wait beyond the running slots (the resolved `EngineConfig::max_queue`).
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
     }
 
     pub fn measured(&self) -> &MeasuredMemory {
@@ -335,12 +360,12 @@ impl Engine {
             return Err(SubmitError::Invalid("prompt", format!("token id {bad} is outside the vocabulary")));
         }
         use std::sync::atomic::Ordering;
-        // running sequences fill the slots; beyond slots + max_waiting the queue is full
-        let capacity = (self.plan.seq_slots as usize).saturating_add(self.max_waiting);
+        // running sequences fill the slots; beyond slots + max_queue the queue is full
+        let capacity = (self.plan.seq_slots as usize).saturating_add(self.max_queue);
         let inflight = self.stats.inflight.fetch_add(1, Ordering::SeqCst) as usize;
         if !req.priority && inflight >= capacity {
             self.stats.inflight.fetch_sub(1, Ordering::SeqCst);
-            return Err(SubmitError::QueueFull(self.max_waiting));
+            return Err(SubmitError::QueueFull(self.max_queue));
         }
         let (etx, erx) = unbounded_channel();
         if self.tx.send(Command::Submit(req, etx)).is_err() {

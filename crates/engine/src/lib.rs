@@ -12,7 +12,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod text;
 
-pub use engine::{Engine, EngineConfig, EngineError};
+pub use engine::{Engine, EngineConfig, EngineError, QueueLimit};
 pub use collect::{collect, collect_blocking, Collector, Output};
 pub use request::{Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError};
 pub use sampler::SamplingParams;

@@ -8,10 +8,9 @@ use abserve_ab::paired::{mcnemar, paired_t, quantile, quantiles, sign_test};
 use abserve_ab::stats::summarize;
 use serde::Serialize;
 
-use crate::config::{Better, EvalConfig, ScoreType};
+use crate::config::{Better, EvalConfig, ScoreType, Scorer};
 use crate::dataset::{BadRow, Dataset};
-use crate::results::{Judgment, ResultRow};
-use crate::runner::tally;
+use crate::results::{tally, Judgment, ResultRow};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ScoreSummary {
@@ -121,116 +120,34 @@ fn nan_to(x: f64, d: f64) -> f64 {
 }
 
 /// Everything but the run's facts (target, concurrency, timing), which the caller fills in.
-pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String, String), ResultRow>, judgments: &BTreeMap<(String, String), Judgment>) -> Summary {
+/// How the run went, as the caller measured it (the summary carries it into the reports).
+#[derive(Debug, Clone, Default)]
+pub struct RunFacts {
+    pub target: String,
+    pub concurrency: usize,
+    pub concurrency_source: String,
+    pub wall_seconds: f64,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+type Keyed<T> = BTreeMap<(String, String), T>;
+
+pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Keyed<Judgment>, run: RunFacts) -> Summary {
     let control = cfg.control().to_string();
-    let plain: Vec<_> = cfg.scorers.iter().filter(|s| s.score_type() != ScoreType::Preference).collect();
-    let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
-    let mut variants = Vec::new();
     let mut errors = Vec::new();
-    for v in &cfg.experiment.variants {
-        let rs: Vec<&ResultRow> = ds.rows.iter().filter_map(|r| get(&r.id, &v.id)).collect();
-        let ok: Vec<&&ResultRow> = rs.iter().filter(|r| r.ok()).collect();
-        for r in rs.iter().filter(|r| !r.ok()) {
-            errors.push(format!("row {} (line {}) × {}: {}", r.row, r.line, r.variant, r.error.as_deref().unwrap_or("no output")));
-        }
-        let lat: Vec<f64> = ok.iter().filter_map(|r| r.latency_ms).collect();
-        let lat_q = quantiles(&lat, &[0.5, 0.95]);
-        let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
-        let toks: Vec<f64> = ok.iter().map(|r| r.completion_tokens as f64).collect();
-        let mut scores = BTreeMap::new();
-        for s in &plain {
-            let xs: Vec<f64> = ok.iter().filter_map(|r| r.scores.get(&s.name).copied()).collect();
-            let m = summarize(&xs);
-            let (lo, hi) = if s.score_type() == ScoreType::Binary {
-                wilson(m.mean, m.n)
-            } else {
-                (nan_to(m.ci_low, m.mean), nan_to(m.ci_high, m.mean))
-            };
-            scores.insert(s.name.clone(), ScoreSummary { n: m.n, mean: m.mean, ci_low: lo, ci_high: hi });
-        }
-        variants.push(VariantSummary {
-            id: v.id.clone(),
-            control: v.id == control,
-            answered: ok.len(),
-            errors: rs.len() - ok.len(),
-            latency_p50_ms: lat_q[0],
-            latency_p95_ms: lat_q[1],
-            ttft_p50_ms: quantile(&ttft, 0.5),
-            mean_completion_tokens: summarize(&toks).mean,
-            scores,
-            latencies_ms: lat,
-        });
-    }
+    let variants = cfg.experiment.variants.iter().map(|v| variant_summary(cfg, ds, results, &v.id, &control, &mut errors)).collect();
     let mut comparisons = Vec::new();
     for v in cfg.experiment.variants.iter().filter(|v| v.id != control) {
         for s in &cfg.scorers {
-            let base = Comparison {
-                variant: v.id.clone(),
-                scorer: s.name.clone(),
-                score_type: s.score_type(),
-                better: s.better(),
-                test: String::new(),
-                pairs: 0,
-                diff: f64::NAN,
-                ci_low: f64::NAN,
-                ci_high: f64::NAN,
-                p_value: f64::NAN,
-                wins: None,
-                losses: None,
-                ties: None,
-                win_rate: None,
-            };
-            if s.score_type() == ScoreType::Preference {
-                let (w, l, t) = tally(judgments, &v.id);
-                let st = sign_test(w, l, t);
-                // Wilson-free simple CI of the win rate among decided pairs (normal approximation)
-                let n = (w + l) as f64;
-                let half = if n > 0.0 { 1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt() } else { f64::NAN };
-                comparisons.push(Comparison {
-                    test: "sign".into(),
-                    pairs: (w + l + t) as usize,
-                    diff: st.win_rate - 0.5,
-                    ci_low: st.win_rate - half - 0.5,
-                    ci_high: st.win_rate + half - 0.5,
-                    p_value: st.p_value,
-                    wins: Some(w),
-                    losses: Some(l),
-                    ties: Some(t),
-                    win_rate: Some(st.win_rate),
-                    ..base
-                });
-                continue;
-            }
-            let mut c = Vec::new();
-            let mut t = Vec::new();
-            for row in &ds.rows {
-                let (Some(a), Some(b)) = (get(&row.id, &control), get(&row.id, &v.id)) else { continue };
-                if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
-                    if a.ok() && b.ok() {
-                        c.push(*x);
-                        t.push(*y);
-                    }
-                }
-            }
-            let pt = paired_t(&c, &t);
-            let n = c.len();
-            let mean_diff = if n > 0 { t.iter().zip(&c).map(|(y, x)| y - x).sum::<f64>() / n as f64 } else { f64::NAN };
-            let (lo, hi) = pt.map(|p| (p.ci_low, p.ci_high)).unwrap_or((mean_diff, mean_diff));
-            if s.score_type() == ScoreType::Binary {
-                let m = mcnemar(&c.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(), &t.iter().map(|x| *x >= 0.5).collect::<Vec<_>>());
-                comparisons.push(Comparison { test: "mcnemar".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: m.p_value, ..base });
-            } else {
-                let p = pt.map(|p| p.p_value).unwrap_or(if n > 0 { 1.0 } else { f64::NAN });
-                comparisons.push(Comparison { test: "paired_t".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: p, ..base });
-            }
+            comparisons.push(compare(s, ds, results, judgments, &v.id, &control));
         }
     }
     Summary {
         experiment: cfg.experiment.name.clone(),
         control,
-        target: String::new(),
-        concurrency: 0,
-        concurrency_source: String::new(),
+        target: run.target,
+        concurrency: run.concurrency,
+        concurrency_source: run.concurrency_source,
         rows: ds.rows.len(),
         variants,
         scorers: cfg.scorers.iter().map(|s| ScorerInfo { name: s.name.clone(), score_type: s.score_type(), better: s.better() }).collect(),
@@ -238,13 +155,111 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &BTreeMap<(String,
         skipped_rows: ds.bad.clone(),
         errors,
         generated_tokens: results.values().map(|r| r.completion_tokens).sum(),
-        wall_seconds: 0.0,
-        peak_memory_bytes: None,
+        wall_seconds: run.wall_seconds,
+        peak_memory_bytes: run.peak_memory_bytes,
         judge_chose_first: {
             let letters: Vec<char> = judgments.values().filter_map(|j| j.reply.as_deref().and_then(crate::judge::choice)).collect();
             (!letters.is_empty()).then(|| letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64)
         },
     }
+}
+
+/// One variant's answers, latencies and mean scores; its failed rows go to `errors`.
+fn variant_summary(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>, id: &str, control: &str, errors: &mut Vec<String>) -> VariantSummary {
+    let rs: Vec<&ResultRow> = ds.rows.iter().filter_map(|r| results.get(&(r.id.clone(), id.to_string()))).collect();
+    let ok: Vec<&&ResultRow> = rs.iter().filter(|r| r.ok()).collect();
+    for r in rs.iter().filter(|r| !r.ok()) {
+        errors.push(format!("row {} (line {}) × {}: {}", r.row, r.line, r.variant, r.error.as_deref().unwrap_or("no output")));
+    }
+    let lat: Vec<f64> = ok.iter().filter_map(|r| r.latency_ms).collect();
+    let lat_q = quantiles(&lat, &[0.5, 0.95]);
+    let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
+    let toks: Vec<f64> = ok.iter().map(|r| r.completion_tokens as f64).collect();
+    let mut scores = BTreeMap::new();
+    for s in cfg.scorers.iter().filter(|s| s.score_type() != ScoreType::Preference) {
+        let xs: Vec<f64> = ok.iter().filter_map(|r| r.scores.get(&s.name).copied()).collect();
+        let m = summarize(&xs);
+        let (lo, hi) = if s.score_type() == ScoreType::Binary {
+            wilson(m.mean, m.n)
+        } else {
+            (nan_to(m.ci_low, m.mean), nan_to(m.ci_high, m.mean))
+        };
+        scores.insert(s.name.clone(), ScoreSummary { n: m.n, mean: m.mean, ci_low: lo, ci_high: hi });
+    }
+    VariantSummary {
+        id: id.to_string(),
+        control: id == control,
+        answered: ok.len(),
+        errors: rs.len() - ok.len(),
+        latency_p50_ms: lat_q[0],
+        latency_p95_ms: lat_q[1],
+        ttft_p50_ms: quantile(&ttft, 0.5),
+        mean_completion_tokens: summarize(&toks).mean,
+        scores,
+        latencies_ms: lat,
+    }
+}
+
+/// Variant `id` against control on one scorer: a sign test of the judge's verdicts, McNemar
+/// for binary scores, a paired t-test otherwise (pairs: rows both answered).
+fn compare(s: &Scorer, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Keyed<Judgment>, id: &str, control: &str) -> Comparison {
+    let base = Comparison {
+        variant: id.to_string(),
+        scorer: s.name.clone(),
+        score_type: s.score_type(),
+        better: s.better(),
+        test: String::new(),
+        pairs: 0,
+        diff: f64::NAN,
+        ci_low: f64::NAN,
+        ci_high: f64::NAN,
+        p_value: f64::NAN,
+        wins: None,
+        losses: None,
+        ties: None,
+        win_rate: None,
+    };
+    if s.score_type() == ScoreType::Preference {
+        let (w, l, t) = tally(judgments, id);
+        let st = sign_test(w, l, t);
+        // simple CI of the win rate among decided pairs (normal approximation)
+        let n = (w + l) as f64;
+        let half = if n > 0.0 { 1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt() } else { f64::NAN };
+        return Comparison {
+            test: "sign".into(),
+            pairs: (w + l + t) as usize,
+            diff: st.win_rate - 0.5,
+            ci_low: st.win_rate - half - 0.5,
+            ci_high: st.win_rate + half - 0.5,
+            p_value: st.p_value,
+            wins: Some(w),
+            losses: Some(l),
+            ties: Some(t),
+            win_rate: Some(st.win_rate),
+            ..base
+        };
+    }
+    let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
+    let (mut c, mut t) = (Vec::new(), Vec::new());
+    for row in &ds.rows {
+        let (Some(a), Some(b)) = (get(&row.id, control), get(&row.id, id)) else { continue };
+        if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
+            if a.ok() && b.ok() {
+                c.push(*x);
+                t.push(*y);
+            }
+        }
+    }
+    let pt = paired_t(&c, &t);
+    let n = c.len();
+    let mean_diff = if n > 0 { t.iter().zip(&c).map(|(y, x)| y - x).sum::<f64>() / n as f64 } else { f64::NAN };
+    let (lo, hi) = pt.map(|p| (p.ci_low, p.ci_high)).unwrap_or((mean_diff, mean_diff));
+    if s.score_type() == ScoreType::Binary {
+        let m = mcnemar(&c.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(), &t.iter().map(|x| *x >= 0.5).collect::<Vec<_>>());
+        return Comparison { test: "mcnemar".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: m.p_value, ..base };
+    }
+    let p = pt.map(|p| p.p_value).unwrap_or(if n > 0 { 1.0 } else { f64::NAN });
+    Comparison { test: "paired_t".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: p, ..base }
 }
 
 /// The terminal table: one line per variant.
@@ -380,7 +395,7 @@ mod tests {
                 ((j.row.clone(), j.variant.clone()), j)
             })
             .collect();
-        let s = super::summarize_run(&cfg, &ds, &results, &judgments);
+        let s = super::summarize_run(&cfg, &ds, &results, &judgments, super::RunFacts::default());
         assert_eq!(s.variants[1].answered, 9);
         assert_eq!(s.variants[1].errors, 1);
         let get = |name: &str| s.comparisons.iter().find(|c| c.scorer == name).unwrap();

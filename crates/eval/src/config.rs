@@ -126,9 +126,8 @@ impl Scorer {
 }
 
 impl ScorerDef {
-    pub fn build(&self, base_dir: &Path) -> Result<Scorer, String> {
-        let name = self.name.clone().unwrap_or_else(|| self.kind.clone());
-        let at = |m: String| format!("scorer '{name}': {m}");
+    /// The type is known and only the fields that type reads are set.
+    fn check_fields(&self) -> Result<(), String> {
         let allowed: &[&str] = match self.kind.as_str() {
             "exact" | "contains" => &["expected", "case_sensitive"],
             "regex" => &["pattern"],
@@ -137,9 +136,7 @@ impl ScorerDef {
             "length" => &["unit", "max"],
             "command" => &["command", "timeout"],
             "judge" => &["url", "model", "prompt", "seed"],
-            other => {
-                return Err(format!("unknown scorer type '{other}' (known: {})", KNOWN.join(", ")));
-            }
+            other => return Err(format!("unknown scorer type '{other}' (known: {})", KNOWN.join(", "))),
         };
         let given = [
             ("expected", self.expected.is_some()),
@@ -157,8 +154,15 @@ impl ScorerDef {
             ("seed", self.seed.is_some()),
         ];
         if let Some((f, _)) = given.iter().find(|(f, set)| *set && !allowed.contains(f)) {
-            return Err(at(format!("'{f}' does not apply to a {} scorer", self.kind)));
+            return Err(format!("'{f}' does not apply to a {} scorer", self.kind));
         }
+        Ok(())
+    }
+
+    pub fn build(&self, base_dir: &Path) -> Result<Scorer, String> {
+        let name = self.name.clone().unwrap_or_else(|| self.kind.clone());
+        let at = |m: String| format!("scorer '{name}': {m}");
+        self.check_fields().map_err(at)?;
         let expected = || -> Result<String, String> {
             let t = self.expected.clone().unwrap_or_else(|| "{{ expected }}".into());
             template_fields(&t).map_err(|e| at(format!("expected: {e}")))?;

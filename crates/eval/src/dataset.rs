@@ -149,6 +149,11 @@ impl Dataset {
     }
 }
 
+/// 64-bit FNV-1a: a hash that is stable across runs and platforms (seeds, judge order).
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

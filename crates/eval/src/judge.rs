@@ -14,7 +14,7 @@ use crate::target::Call;
 /// Whether the variant's answer is shown as "A" for this pair.
 pub fn variant_first(seed: u64, row: &str, variant: &str) -> bool {
     // the pair's hash mixed with the seed: stable across runs and platforms
-    let h = crate::runner::fnv1a(row.bytes().chain([0u8]).chain(variant.bytes()));
+    let h = crate::dataset::fnv1a(row.bytes().chain([0u8]).chain(variant.bytes()));
     rand_chacha::ChaCha20Rng::seed_from_u64(h ^ seed).gen_bool(0.5)
 }
 

@@ -110,6 +110,20 @@ pub fn latest_judgments(js: Vec<Judgment>) -> BTreeMap<(String, String), Judgmen
     js.into_iter().map(|j| ((j.row.clone(), j.variant.clone()), j)).collect()
 }
 
+/// The verdict counts of a variant (for the tests and the report).
+pub fn tally(js: &BTreeMap<(String, String), Judgment>, variant: &str) -> (u64, u64, u64) {
+    let mut t = (0, 0, 0);
+    for j in js.values().filter(|j| j.variant == variant) {
+        match j.verdict {
+            Some(Verdict::Win) => t.0 += 1,
+            Some(Verdict::Loss) => t.1 += 1,
+            Some(Verdict::Tie) => t.2 += 1,
+            None => {}
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use crate::config::{EvalConfig, ScorerKind};
 use crate::dataset::{Dataset, Row};
 use crate::judge;
 use crate::progress::Progress;
-use crate::results::{latest, latest_judgments, Judgment, Log, ResultRow, Verdict};
+use crate::results::{latest, latest_judgments, Judgment, Log, ResultRow};
 use crate::scorers;
 use crate::target::{Call, CallError, Capacity, Target};
 
@@ -50,10 +50,6 @@ pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), String> {
     Ok(())
 }
 
-/// 64-bit FNV-1a: a hash that is stable across runs and platforms (seeds, judge order).
-pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
-}
 
 /// The chat request of `v` for `row`. Without a variant seed, all variants of a row share one
 /// (derived from the row's id): sampled variants then differ by their prompts, not by luck.
@@ -65,7 +61,7 @@ pub fn call_for(v: &Variant, row: &Row) -> Result<Call, String> {
         temperature: s.temperature,
         top_p: s.top_p,
         max_tokens: s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        seed: Some(s.seed.unwrap_or_else(|| fnv1a(row.id.bytes()) >> 1)),
+        seed: Some(s.seed.unwrap_or_else(|| crate::dataset::fnv1a(row.id.bytes()) >> 1)),
         stop: s.stop,
         presence_penalty: s.presence_penalty,
         frequency_penalty: s.frequency_penalty,
@@ -193,15 +189,7 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
     let variants: BTreeSet<&str> = cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect();
     let rows: BTreeMap<&str, &Row> = ds.rows.iter().map(|r| (r.id.as_str(), r)).collect();
 
-    // finished rows that lack a scorer added since: score them without generating again
-    for ((row_id, _), r) in results.iter_mut() {
-        let Some(row) = rows.get(row_id.as_str()) else { continue };
-        let before = (r.scores.len(), r.score_errors.len());
-        score_all(cfg, row, r, true).await;
-        if before != (r.scores.len(), r.score_errors.len()) {
-            log.append(r)?;
-        }
-    }
+    rescore(cfg, &rows, &mut results, &log).await?;
 
     let mut capacity = target.capacity(opts.fallback_concurrency).await;
     if let Some(c) = opts.concurrency {
@@ -246,12 +234,7 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
     ticker.abort();
     progress.update(done.load(Ordering::Relaxed), tokens.load(Ordering::Relaxed), None);
     progress.finish();
-    for e in errors.iter().take(10) {
-        eprintln!("eval: error: {e}");
-    }
-    if errors.len() > 10 {
-        eprintln!("eval: … and {} more errors (see results.jsonl)", errors.len() - 10);
-    }
+    print_errors(&errors);
     let generated_now = total;
     results.retain(|(row, v), _| rows.contains_key(row.as_str()) && variants.contains(v.as_str()));
 
@@ -273,6 +256,30 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
         wall: started.elapsed(),
         peak_memory: (peak > 0).then_some(peak),
     })
+}
+
+/// Finished answers that lack a scorer added since the run that made them are scored now,
+/// without generating again.
+async fn rescore(cfg: &EvalConfig, rows: &BTreeMap<&str, &Row>, results: &mut BTreeMap<(String, String), ResultRow>, log: &Log) -> Result<(), String> {
+    for ((row_id, _), r) in results.iter_mut() {
+        let Some(row) = rows.get(row_id.as_str()) else { continue };
+        let before = (r.scores.len(), r.score_errors.len());
+        score_all(cfg, row, r, true).await;
+        if before != (r.scores.len(), r.score_errors.len()) {
+            log.append(r)?;
+        }
+    }
+    Ok(())
+}
+
+/// The first ten errors of a run, and how many more there were.
+fn print_errors(errors: &[String]) {
+    for e in errors.iter().take(10) {
+        eprintln!("eval: error: {e}");
+    }
+    if errors.len() > 10 {
+        eprintln!("eval: … and {} more errors (see results.jsonl)", errors.len() - 10);
+    }
 }
 
 fn spawn_ticker(p: Arc<Progress>, t: Arc<Target>, memory: bool, done: Arc<AtomicU64>, tokens: Arc<AtomicU64>, peak: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
@@ -356,16 +363,3 @@ async fn judge_pairs(
     Ok(judged)
 }
 
-/// The verdict counts of a variant (for the tests and the report).
-pub fn tally(js: &BTreeMap<(String, String), Judgment>, variant: &str) -> (u64, u64, u64) {
-    let mut t = (0, 0, 0);
-    for j in js.values().filter(|j| j.variant == variant) {
-        match j.verdict {
-            Some(Verdict::Win) => t.0 += 1,
-            Some(Verdict::Loss) => t.1 += 1,
-            Some(Verdict::Tie) => t.2 += 1,
-            None => {}
-        }
-    }
-    t
-}

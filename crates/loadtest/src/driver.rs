@@ -15,6 +15,7 @@ use crate::client::{Class, Client, Record};
 use crate::dist::Dist;
 use crate::report::{Report, RunFacts};
 use crate::scrape::{Sample, Scraper};
+use abserve_protocol::Samples;
 
 #[derive(Debug, Clone)]
 pub enum Workload {
@@ -96,6 +97,33 @@ pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> Value {
     b
 }
 
+/// Hands out request numbers until the duration or the request count is reached.
+#[derive(Clone)]
+struct Budget {
+    issued: Arc<AtomicU64>,
+    deadline: Option<Instant>,
+    requests: Option<u64>,
+}
+
+impl Budget {
+    fn next(&self) -> Option<u64> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
+        }
+        let i = self.issued.fetch_add(1, Ordering::SeqCst);
+        if self.requests.is_some_and(|k| i >= k) {
+            return None;
+        }
+        Some(i)
+    }
+}
+
+type Records = Arc<Mutex<Vec<Record>>>;
+
+fn push(records: &Records, rec: Record) {
+    records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+}
+
 pub async fn run(cfg: Config) -> Result<Report, String> {
     if cfg.duration.is_none() && cfg.requests.is_none() {
         return Err("give --duration or --requests (or both): a load test is bounded".into());
@@ -118,115 +146,121 @@ pub async fn run(cfg: Config) -> Result<Report, String> {
     let stop_sampling = Arc::new(AtomicBool::new(false));
     let sampler = before.as_ref().map(|_| scraper.clone().spawn(t0, samples.clone(), stop_sampling.clone()));
 
-    let records = Arc::new(Mutex::new(Vec::<Record>::new()));
-    let issued = Arc::new(AtomicU64::new(0));
-    let deadline = cfg.duration.map(|d| t0 + d);
-    let more = {
-        let issued = issued.clone();
-        let cfg = cfg.clone();
-        move || -> Option<u64> {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return None;
-            }
-            let i = issued.fetch_add(1, Ordering::SeqCst);
-            if cfg.requests.is_some_and(|k| i >= k) {
-                return None;
-            }
-            Some(i)
-        }
-    };
+    let records: Records = Default::default();
+    let budget = Budget { issued: Default::default(), deadline: cfg.duration.map(|d| t0 + d), requests: cfg.requests };
     let cfg = Arc::new(cfg);
     match cfg.mode {
-        Mode::Closed { concurrency } => {
-            let mut tasks = Vec::new();
-            for w in 0..concurrency.max(1) {
-                let (client, cfg, records, more, model) = (client.clone(), cfg.clone(), records.clone(), more.clone(), model.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15));
-                    while let Some(i) = more() {
-                        let rec = client.send(body(&cfg, &model, i, &mut rng), cfg.stream, t0).await;
-                        // a turned-away client waits as told (at most a second) before its next request
-                        let pause = (rec.class == Class::Http429).then(|| rec.retry_after.unwrap_or(0.1).clamp(0.05, 1.0));
-                        records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
-                        if let Some(p) = pause {
-                            tokio::time::sleep(Duration::from_secs_f64(p)).await;
-                        }
-                    }
-                }));
-            }
-            for t in tasks {
-                t.await.map_err(|e| e.to_string())?;
-            }
-        }
-        Mode::Open { rate } => {
-            if !(rate.is_finite() && rate > 0.0) {
-                return Err(format!("--rate must be a positive number of requests per second, got {rate}"));
-            }
-            let exp = Exp::new(rate).map_err(|e| e.to_string())?;
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed);
-            let gate = Arc::new(tokio::sync::Semaphore::new(cfg.max_inflight.max(1)));
-            let mut tasks = tokio::task::JoinSet::new();
-            let mut next = Instant::now();
-            while let Some(i) = more() {
-                tokio::time::sleep_until(next.into()).await;
-                next += Duration::from_secs_f64(exp.sample(&mut rng));
-                let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
-                let b = body(&cfg, &model, i, &mut rng);
-                let (client, records, stream) = (client.clone(), records.clone(), cfg.stream);
-                tasks.spawn(async move {
-                    let rec = client.send(b, stream, t0).await;
-                    records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
-                    drop(permit);
-                });
-            }
-            while tasks.join_next().await.is_some() {}
-        }
+        Mode::Closed { concurrency } => closed_loop(&cfg, concurrency, &client, &model, &budget, &records, t0).await?,
+        Mode::Open { rate } => open_loop(&cfg, rate, &client, &model, &budget, &records, t0).await?,
     }
     let load_seconds = t0.elapsed().as_secs_f64();
-
-    // let the server drain, then take the final sample and its counters
-    let mut after = None;
-    if before.is_some() {
-        let until = Instant::now() + cfg.settle;
-        loop {
-            let m = scraper.fetch().await;
-            let idle = m.as_ref().is_some_and(|m| {
-                let s = Scraper::sample(m, 0.0);
-                s.kv_tokens_used == 0.0 && s.running == 0.0 && s.waiting == 0.0
-            });
-            if idle || Instant::now() >= until {
-                if let Some(m) = &m {
-                    samples.lock().unwrap_or_else(|e| e.into_inner()).push(Scraper::sample(m, t0.elapsed().as_secs_f64()));
-                }
-                after = m;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    let after = match before {
+        Some(_) => settle(&scraper, cfg.settle, &samples, t0).await,
+        None => None,
+    };
     stop_sampling.store(true, Ordering::Relaxed);
     if let Some(s) = sampler {
         let _ = s.await;
     }
     let records = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
-    Ok(Report::build(
-        RunFacts {
-            target: base,
-            mode: match cfg.mode {
-                Mode::Closed { concurrency } => format!("closed loop, {concurrency} clients"),
-                Mode::Open { rate } => format!("open loop, {rate} requests/s (Poisson)"),
-            },
-            workload: match &cfg.workload {
-                Workload::Experiment(n) => format!("experiment:{n}"),
-                Workload::Variants(n) => format!("{n} variants"),
-            },
-            load_seconds,
-            stream: cfg.stream,
+    let facts = RunFacts {
+        target: base,
+        mode: match cfg.mode {
+            Mode::Closed { concurrency } => format!("closed loop, {concurrency} clients"),
+            Mode::Open { rate } => format!("open loop, {rate} requests/s (Poisson)"),
         },
-        records,
-        samples,
-        before,
-        after,
-    ))
+        workload: match &cfg.workload {
+            Workload::Experiment(n) => format!("experiment:{n}"),
+            Workload::Variants(n) => format!("{n} variants"),
+        },
+        load_seconds,
+        stream: cfg.stream,
+    };
+    Ok(Report::build(facts, records, samples, before, after))
+}
+
+/// C clients, each sending its next request when its last one ended.
+async fn closed_loop(
+    cfg: &Arc<Config>,
+    concurrency: usize,
+    client: &Arc<Client>,
+    model: &str,
+    budget: &Budget,
+    records: &Records,
+    t0: Instant,
+) -> Result<(), String> {
+    let mut tasks = Vec::new();
+    for w in 0..concurrency.max(1) {
+        let (client, cfg, records, budget, model) = (client.clone(), cfg.clone(), records.clone(), budget.clone(), model.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15));
+            while let Some(i) = budget.next() {
+                let rec = client.send(body(&cfg, &model, i, &mut rng), cfg.stream, t0).await;
+                // a turned-away client waits as told (at most a second) before its next request
+                let pause = (rec.class == Class::Http429).then(|| rec.retry_after.unwrap_or(0.1).clamp(0.05, 1.0));
+                push(&records, rec);
+                if let Some(p) = pause {
+                    tokio::time::sleep(Duration::from_secs_f64(p)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Poisson arrivals at `rate` per second, at most `max_inflight` at once.
+async fn open_loop(
+    cfg: &Arc<Config>,
+    rate: f64,
+    client: &Arc<Client>,
+    model: &str,
+    budget: &Budget,
+    records: &Records,
+    t0: Instant,
+) -> Result<(), String> {
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(format!("--rate must be a positive number of requests per second, got {rate}"));
+    }
+    let exp = Exp::new(rate).map_err(|e| e.to_string())?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed);
+    let gate = Arc::new(tokio::sync::Semaphore::new(cfg.max_inflight.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut next = Instant::now();
+    while let Some(i) = budget.next() {
+        tokio::time::sleep_until(next.into()).await;
+        next += Duration::from_secs_f64(exp.sample(&mut rng));
+        let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let b = body(cfg, model, i, &mut rng);
+        let (client, records, stream) = (client.clone(), records.clone(), cfg.stream);
+        tasks.spawn(async move {
+            push(&records, client.send(b, stream, t0).await);
+            drop(permit);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Lets the server drain (KV, running and waiting back to zero, or `settle` passed), then takes
+/// the final sample and the counters after the load.
+async fn settle(scraper: &Scraper, settle: Duration, samples: &Arc<Mutex<Vec<Sample>>>, t0: Instant) -> Option<Samples> {
+    let until = Instant::now() + settle;
+    loop {
+        let m = scraper.fetch().await;
+        let idle = m.as_ref().is_some_and(|m| {
+            let s = Scraper::sample(m, 0.0);
+            s.kv_tokens_used == 0.0 && s.running == 0.0 && s.waiting == 0.0
+        });
+        if idle || Instant::now() >= until {
+            if let Some(m) = &m {
+                samples.lock().unwrap_or_else(|e| e.into_inner()).push(Scraper::sample(m, t0.elapsed().as_secs_f64()));
+            }
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

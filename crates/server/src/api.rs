@@ -245,7 +245,7 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
             kv_share: job.routed.as_ref().and_then(|r| r.kv_share),
         };
         // dropping the receivers already admitted cancels them if a later one is refused
-        rxs.push(state.admit(req).await?);
+        rxs.push(state.enqueue(req).await?);
     }
     let routed = job.routed.as_ref().map(|r| (r.experiment.clone(), r.variant.clone()));
     let mut resp = if job.stream {
@@ -382,6 +382,71 @@ async fn collect_response(
     Ok(Json(body).into_response())
 }
 
+/// Builds the chunks of one streamed response (id, model and object are fixed for all).
+#[derive(Clone)]
+struct Chunker {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    kind: Kind,
+    want_lp: bool,
+    state: Arc<AppState>,
+}
+
+impl Chunker {
+    fn chunk(&self, choices: Value) -> Value {
+        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "system_fingerprint": "abserve", "choices": choices})
+    }
+
+    /// The chunk an engine event of choice `i` becomes (none for admission and empty tokens).
+    fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
+        match ev {
+            Event::Token { text, logprob, .. } => {
+                if text.is_empty() && logprob.is_none() {
+                    return None;
+                }
+                let lp = if self.want_lp {
+                    let l: Vec<TokenLogprob> = logprob.into_iter().collect();
+                    match self.kind {
+                        Kind::Chat => chat_logprobs(&self.state, &l),
+                        Kind::Text => text_logprobs(&self.state, &l),
+                    }
+                } else {
+                    Value::Null
+                };
+                Some(Piece::Chunk(match self.kind {
+                    Kind::Chat => self.chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}])),
+                    Kind::Text => self.chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])),
+                }))
+            }
+            Event::Done(d) => {
+                observe(&self.state, &d);
+                let delta = if d.tail_text.is_empty() { json!({}) } else { json!({"content": d.tail_text}) };
+                let c = match self.kind {
+                    Kind::Chat => self.chunk(json!([{"index": i, "delta": delta, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
+                    Kind::Text => self.chunk(json!([{"index": i, "text": d.tail_text, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
+                };
+                Some(Piece::Last(c, d))
+            }
+            Event::Error(e) => {
+                let message = e.to_string();
+                Some(Piece::Error(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}), message))
+            }
+            Event::Admitted { .. } => None,
+        }
+    }
+}
+
+/// What a streamed response has seen, for its exposure and its usage chunk: the first choice's
+/// completion and the first error (as a whole response records them), and the tokens.
+#[derive(Default)]
+struct Seen {
+    first_done: Option<Completion>,
+    first_error: Option<String>,
+    completion_tokens: usize,
+}
+
 /// Merges the per-choice event streams into OpenAI's chunk sequence.
 fn stream_response(
     state: Arc<AppState>,
@@ -392,117 +457,70 @@ fn stream_response(
         Kind::Chat => (new_id("chatcmpl"), "chat.completion.chunk"),
         Kind::Text => (new_id("cmpl"), "text_completion"),
     };
-    let created = now_secs();
-    let model = job.model.clone();
-    let kind = job.kind;
-    let want_lp = job.params.logprobs.is_some();
-    let n = rxs.len();
-    let chunk = {
-        let (id, model) = (id.clone(), model.clone());
-        move |choices: Value| {
-            json!({"id": id, "object": object, "created": created, "model": model, "system_fingerprint": "abserve", "choices": choices})
-        }
+    let chunker = Chunker {
+        id,
+        object,
+        created: now_secs(),
+        model: job.model.clone(),
+        kind: job.kind,
+        want_lp: job.params.logprobs.is_some(),
+        state: state.clone(),
     };
     // role chunks first (chat only)
-    let mut head = vec![];
-    if kind == Kind::Chat {
-        for i in 0..n {
-            head.push(chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])));
-        }
-    }
+    let head: Vec<Value> = match job.kind {
+        Kind::Chat => (0..rxs.len())
+            .map(|i| chunker.chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])))
+            .collect(),
+        Kind::Text => vec![],
+    };
     let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
         stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).map(move |ev| (i, ev)).boxed()
     }));
-    let st = state.clone();
+    let seen: Arc<std::sync::Mutex<Seen>> = Default::default();
     let body = {
-        let chunk = chunk.clone();
-        let st = st.clone();
-        merged.filter_map(move |(i, ev)| {
-            let chunk = chunk.clone();
-            let st = st.clone();
-            async move {
-                match ev {
-                    Event::Token { text, logprob, .. } => {
-                        if text.is_empty() && logprob.is_none() {
-                            return None;
-                        }
-                        let lp = if want_lp {
-                            let l: Vec<TokenLogprob> = logprob.into_iter().collect();
-                            match kind {
-                                Kind::Chat => chat_logprobs(&st, &l),
-                                Kind::Text => text_logprobs(&st, &l),
-                            }
-                        } else {
-                            Value::Null
-                        };
-                        Some(Piece::Chunk(match kind {
-                            Kind::Chat => chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}])),
-                            Kind::Text => chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])),
-                        }))
-                    }
-                    Event::Done(d) => {
-                        observe(&st, &d);
-                        let delta = if d.tail_text.is_empty() { json!({}) } else { json!({"content": d.tail_text}) };
-                        let c = match kind {
-                            Kind::Chat => chunk(json!([{"index": i, "delta": delta, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
-                            Kind::Text => chunk(json!([{"index": i, "text": d.tail_text, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
-                        };
-                        Some(Piece::Last(c, d))
-                    }
-                    Event::Error(e) => {
-                        let message = e.to_string();
-                        Some(Piece::Error(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}), message))
-                    }
-                    Event::Admitted { .. } => None,
+        let (chunker, seen) = (chunker.clone(), seen.clone());
+        merged.filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev))).map(move |p| {
+            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+            match p {
+                Piece::Chunk(c) => sse(&c),
+                Piece::Error(c, message) => {
+                    s.first_error.get_or_insert(message);
+                    sse(&c)
+                }
+                Piece::Last(c, d) => {
+                    s.completion_tokens += d.completion_tokens;
+                    s.first_done.get_or_insert(d);
+                    sse(&c)
                 }
             }
         })
     };
-    let include_usage = job.include_usage;
-    let prompts = job.prompts.clone();
-    let routed = job.routed.clone();
-    let expose_state = state.clone();
-    // what the exposure records: the first choice's completion and the first error, as a
-    // whole response records them
-    let first_done: Arc<std::sync::Mutex<Option<Completion>>> = Default::default();
-    let first_error: Arc<std::sync::Mutex<Option<String>>> = Default::default();
-    let (fd, fe) = (first_done.clone(), first_error.clone());
-    let completion_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ct = completion_tokens.clone();
+    let tail = stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
     let events = stream::iter(head.into_iter().map(|c| sse(&c)))
-        .chain(body.map(move |p| match p {
-            Piece::Chunk(c) => sse(&c),
-            Piece::Error(c, message) => {
-                fe.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(message);
-                sse(&c)
-            }
-            Piece::Last(c, d) => {
-                fd.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| d.clone());
-                ct.fetch_add(d.completion_tokens, std::sync::atomic::Ordering::Relaxed);
-                sse(&c)
-            }
-        }))
-        .chain(stream::once(async move {
-            if let Some(r) = &routed {
-                let d = first_done.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let err = first_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                if let Err(e) = expose(&expose_state, r, d.as_ref(), err).await {
-                    tracing::error!("recording an exposure failed: {}", e.message);
-                }
-            }
-            if include_usage {
-                let prompt_tokens = prompt_tokens_once(&prompts);
-                let completion = completion_tokens.load(std::sync::atomic::Ordering::Relaxed);
-                let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion});
-                let mut c = chunk(json!([]));
-                c["usage"] = usage;
-                Some(sse(&c))
-            } else {
-                None
-            }
-        }).filter_map(|x| async move { x }))
+        .chain(body)
+        .chain(tail)
         .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
     Sse::new(events)
+}
+
+/// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
+async fn finish_stream(state: Arc<AppState>, job: Job, chunker: Chunker, seen: Arc<std::sync::Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
+    let (done, err, completion) = {
+        let s = seen.lock().unwrap_or_else(|p| p.into_inner());
+        (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
+    };
+    if let Some(r) = &job.routed {
+        if let Err(e) = expose(&state, r, done.as_ref(), err).await {
+            tracing::error!("recording an exposure failed: {}", e.message);
+        }
+    }
+    if !job.include_usage {
+        return None;
+    }
+    let prompt_tokens = prompt_tokens_once(&job.prompts);
+    let mut c = chunker.chunk(json!([]));
+    c["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion});
+    Some(sse(&c))
 }
 
 enum Piece {

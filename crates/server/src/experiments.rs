@@ -86,14 +86,15 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiErr
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = parse_experiment(&body)?;
-    if ab.get(&e.name).is_some() {
+    // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
+    // name exactly one gets 201
+    let stored = e.clone();
+    if !ab.with_store(move |s| s.create_experiment(&stored)).await? {
         let mut err = ApiError::bad_request(format!("An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.", e.name, e.name));
         err.status = StatusCode::CONFLICT;
         return Err(err);
     }
-    let stored = e.clone();
-    ab.with_store(move |s| s.put_experiment(&stored)).await?;
-    ab.experiments.write().unwrap().insert(e.name.clone(), e.clone());
+    ab.experiments.write().unwrap_or_else(|p| p.into_inner()).insert(e.name.clone(), e.clone());
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
@@ -230,7 +231,6 @@ pub fn variant_messages(v: &Variant, messages: &[ChatMessage]) -> Result<Vec<Cha
 #[derive(Deserialize)]
 struct FanoutBody {
     input: String,
-    user: Option<String>,
 }
 
 /// Runs every variant of an experiment on one input, concurrently, and returns the outputs
@@ -253,7 +253,7 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     // submit all before awaiting any, so they enter the engine together
     let mut rxs = vec![];
     for j in jobs {
-        rxs.push(state.admit_nowait(j)?);
+        rxs.push(state.enqueue_nowait(j)?);
     }
     let outs = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     let mut results = vec![];
@@ -282,7 +282,6 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     for (rank, &i) in idx.iter().enumerate() {
         results[i]["admission_rank"] = json!(rank);
     }
-    let _ = b.user;
     Ok(Json(json!({"experiment": e.name, "input": b.input, "results": results})).into_response())
 }
 

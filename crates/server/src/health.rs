@@ -66,7 +66,7 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
         "kv_tokens_used": s.kv_tokens_used,
         "running": s.running,
         "waiting": s.waiting,
-        "max_queue": state.config.max_queue,
+        "max_queue": state.engine.max_queue(),
     });
     if rss > limit {
         return Err(format!("resident memory {rss} B is above the budget {limit} B"));
@@ -91,10 +91,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        state.metrics.render(),
-    )
-        .into_response()
+    match state.metrics.render() {
+        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
+        Err(e) => ApiError::internal(format!("metrics could not be encoded: {e}")).into_response(),
+    }
 }

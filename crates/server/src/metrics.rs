@@ -3,13 +3,12 @@
 //! rejection reasons and memory components; never prompts or user ids.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use abserve_engine::plan::MemoryPlan;
 use abserve_engine::scheduler::EngineStats;
 use abserve_protocol::names;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -45,150 +44,131 @@ fn latency_buckets() -> Vec<f64> {
     vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 }
 
-impl Metrics {
-    pub fn new(plan: &MemoryPlan, stats: Arc<EngineStats>, engine_step: Histogram) -> Arc<Metrics> {
-        let r = Registry::new();
-        let reg = |c: Box<dyn prometheus::core::Collector>| r.register(c).expect("metric names are unique");
-        let budget = IntGauge::new(names::MEMORY_BUDGET, "Memory budget the plan was made for").unwrap();
-        budget.set(plan.budget_bytes as i64);
-        reg(Box::new(budget));
-        let planned = IntGaugeVec::new(
-            Opts::new(names::MEMORY_PLANNED, "Planned memory per component"),
-            &["component"],
-        )
-        .unwrap();
-        planned.with_label_values(&["weights"]).set(plan.weights_bytes as i64);
-        planned.with_label_values(&["kv"]).set(plan.kv_bytes as i64);
-        planned.with_label_values(&["compute"]).set(plan.compute_bytes as i64);
-        planned.with_label_values(&["prefix_store"]).set(plan.prefix_store_bytes as i64);
-        reg(Box::new(planned));
-        // a constant, typed as a counter because Prometheus reserves the _total suffix for them
-        let kv_total = IntCounter::new(names::KV_TOKENS_TOTAL, "KV cache cells (tokens) the plan allocated; constant").unwrap();
-        kv_total.inc_by(plan.kv_tokens);
-        reg(Box::new(kv_total));
-        let max_seq = IntGauge::new(names::MAX_SEQUENCES, "Concurrent sequences of the full context that fit").unwrap();
-        max_seq.set(plan.max_sequences as i64);
-        reg(Box::new(max_seq));
-        let slots = IntGauge::new(names::KV_SLOTS, "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each").unwrap();
-        slots.set(plan.seq_slots as i64);
-        reg(Box::new(slots));
-        let per_slot = IntGauge::new(
-            names::KV_CELLS_PER_SLOT,
-            "KV cells of one slot's stream (split streams: fixed, no borrowing; unified: the whole pool)",
-        )
-        .unwrap();
-        per_slot.set(plan.kv_cells_per_slot as i64);
-        reg(Box::new(per_slot));
-        let unified = IntGauge::new(names::KV_UNIFIED, "1 when all sequences share one KV pool, 0 with one stream per slot").unwrap();
-        unified.set(plan.kv_unified as i64);
-        reg(Box::new(unified));
+/// Registers metrics on one registry; every registration error (a duplicate name, a bad name
+/// or label) is returned, never a panic.
+struct Reg<'a>(&'a Registry);
 
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).unwrap();
-            r.register(Box::new(g.clone())).unwrap();
-            g
-        };
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).unwrap();
-            r.register(Box::new(c.clone())).unwrap();
-            c
-        };
-        let hist = |name: &str, help: &str, buckets: Vec<f64>| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).unwrap();
-            r.register(Box::new(h.clone())).unwrap();
-            h
-        };
-        let requests_total = IntCounterVec::new(
-            Opts::new(names::REQUESTS, "HTTP requests by endpoint and status code"),
-            &["endpoint", "status"],
-        )
-        .unwrap();
-        r.register(Box::new(requests_total.clone())).unwrap();
-        let rejections_total = IntCounterVec::new(
-            Opts::new(names::REJECTIONS, "Requests turned away, by reason"),
-            &["reason"],
-        )
-        .unwrap();
-        r.register(Box::new(rejections_total.clone())).unwrap();
+impl Reg<'_> {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> prometheus::Result<C> {
+        self.0.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+    fn gauge(&self, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+        self.add(IntGauge::new(name, help)?)
+    }
+    /// A gauge holding a constant of the plan.
+    fn constant(&self, name: &str, help: &str, v: u64) -> prometheus::Result<IntGauge> {
+        let g = self.gauge(name, help)?;
+        g.set(v as i64);
+        Ok(g)
+    }
+    fn counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+        self.add(IntCounter::new(name, help)?)
+    }
+    fn hist(&self, name: &str, help: &str, buckets: Vec<f64>) -> prometheus::Result<Histogram> {
+        self.add(Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?)
+    }
+    fn gauges(&self, name: &str, help: &str, label: &str) -> prometheus::Result<IntGaugeVec> {
+        self.add(IntGaugeVec::new(Opts::new(name, help), &[label])?)
+    }
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+}
+
+/// The plan's figures, constant for the life of the process.
+fn register_plan(reg: &Reg, plan: &MemoryPlan) -> prometheus::Result<()> {
+    reg.constant(names::MEMORY_BUDGET, "Memory budget the plan was made for", plan.budget_bytes)?;
+    let planned = reg.gauges(names::MEMORY_PLANNED, "Planned memory per component", "component")?;
+    for (c, v) in [
+        ("weights", plan.weights_bytes),
+        ("kv", plan.kv_bytes),
+        ("compute", plan.compute_bytes),
+        ("prefix_store", plan.prefix_store_bytes),
+    ] {
+        planned.with_label_values(&[c]).set(v as i64);
+    }
+    // a constant, typed as a counter because Prometheus reserves the _total suffix for them
+    reg.counter(names::KV_TOKENS_TOTAL, "KV cache cells (tokens) the plan allocated; constant")?.inc_by(plan.kv_tokens);
+    reg.constant(names::MAX_SEQUENCES, "Concurrent sequences of the full context that fit", plan.max_sequences)?;
+    reg.constant(names::KV_SLOTS, "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each", plan.seq_slots)?;
+    reg.constant(
+        names::KV_CELLS_PER_SLOT,
+        "KV cells of one slot's stream (split streams: fixed, no borrowing; unified: the whole pool)",
+        plan.kv_cells_per_slot,
+    )?;
+    reg.constant(names::KV_UNIFIED, "1 when all sequences share one KV pool, 0 with one stream per slot", plan.kv_unified as u64)?;
+    Ok(())
+}
+
+impl Metrics {
+    pub fn new(plan: &MemoryPlan, stats: Arc<EngineStats>, engine_step: Histogram) -> prometheus::Result<Arc<Metrics>> {
+        let registry = Registry::new();
+        let reg = Reg(&registry);
+        register_plan(&reg, plan)?;
+        let rejections_total = reg.counters(names::REJECTIONS, "Requests turned away, by reason", &["reason"])?;
         for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
             rejections_total.with_label_values(&[reason]);
         }
-        let experiment_kv = IntGaugeVec::new(
-            Opts::new(names::EXPERIMENT_KV_TOKENS_USED, "KV cells held by an experiment's running sequences"),
-            &["experiment"],
-        )
-        .unwrap();
-        r.register(Box::new(experiment_kv.clone())).unwrap();
-        let experiment_kv_peak = IntGaugeVec::new(
-            Opts::new(names::EXPERIMENT_KV_TOKENS_PEAK, "Most KV cells an experiment's running sequences held at once"),
-            &["experiment"],
-        )
-        .unwrap();
-        r.register(Box::new(experiment_kv_peak.clone())).unwrap();
         let m = Metrics {
-            experiment_kv,
-            experiment_kv_peak,
-            kv_tokens_used: gauge(names::KV_TOKENS_USED, "KV cache cells in use"),
-            peak_resident: gauge(names::MEMORY_PEAK_RESIDENT, "Most resident memory the process has held (VmHWM)"),
-            kv_tokens_cached: gauge(names::KV_TOKENS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)"),
-            running: gauge(names::REQUESTS_RUNNING, "Sequences in the running batch"),
-            waiting: gauge(names::REQUESTS_WAITING, "Sequences waiting for admission"),
-            preemptions: counter(names::PREEMPTIONS, "Sequences preempted to free KV cells"),
-            cancellations: counter(names::CANCELLATIONS, "Sequences cancelled by their client"),
-            prompt_tokens: counter(names::PROMPT_TOKENS, "Prompt tokens admitted"),
-            generated_tokens: counter(names::GENERATED_TOKENS, "Tokens generated"),
-            prompt_tokens_computed: counter(
+            requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
+            rejections_total,
+            experiment_kv: reg.gauges(names::EXPERIMENT_KV_TOKENS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
+            experiment_kv_peak: reg.gauges(
+                names::EXPERIMENT_KV_TOKENS_PEAK,
+                "Most KV cells an experiment's running sequences held at once",
+                "experiment",
+            )?,
+            kv_tokens_used: reg.gauge(names::KV_TOKENS_USED, "KV cache cells in use")?,
+            peak_resident: reg.gauge(names::MEMORY_PEAK_RESIDENT, "Most resident memory the process has held (VmHWM)")?,
+            kv_tokens_cached: reg.gauge(names::KV_TOKENS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)")?,
+            running: reg.gauge(names::REQUESTS_RUNNING, "Sequences in the running batch")?,
+            waiting: reg.gauge(names::REQUESTS_WAITING, "Sequences waiting for admission")?,
+            preemptions: reg.counter(names::PREEMPTIONS, "Sequences preempted to free KV cells")?,
+            cancellations: reg.counter(names::CANCELLATIONS, "Sequences cancelled by their client")?,
+            prompt_tokens: reg.counter(names::PROMPT_TOKENS, "Prompt tokens admitted")?,
+            generated_tokens: reg.counter(names::GENERATED_TOKENS, "Tokens generated")?,
+            prompt_tokens_computed: reg.counter(
                 names::PROMPT_TOKENS_COMPUTED,
                 "Prompt positions the model computed (the rest came from cached or running prefixes)",
-            ),
-            prompt_tokens_reused: counter(
+            )?,
+            prompt_tokens_reused: reg.counter(
                 names::PROMPT_TOKENS_REUSED,
                 "Prompt tokens whose KV was reused from a cached slot or another running sequence",
-            ),
-            prefix_copies: counter(names::PREFIX_COPIES, "KV streams copied from one slot to another to reuse a prefix"),
-            prefix_store_bytes: gauge(names::PREFIX_STORE_BYTES, "Host memory held by saved prompt prefixes"),
-            prefix_store_entries: gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory"),
-            prefix_restores: counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot"),
-            itl_held: gauge(
+            )?,
+            prefix_copies: reg.counter(names::PREFIX_COPIES, "KV streams copied from one slot to another to reuse a prefix")?,
+            prefix_store_bytes: reg.gauge(names::PREFIX_STORE_BYTES, "Host memory held by saved prompt prefixes")?,
+            prefix_store_entries: reg.gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory")?,
+            prefix_restores: reg.counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot")?,
+            itl_held: reg.gauge(
                 names::REQUESTS_HELD_FOR_LATENCY,
                 "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
-            ),
-            ttft: hist(names::TIME_TO_FIRST_TOKEN, "Time from request to first token", latency_buckets()),
-            request_duration: hist(names::REQUEST_DURATION, "Time from request to last token", latency_buckets()),
-            time_per_output_token: hist(
+            )?,
+            ttft: reg.hist(names::TIME_TO_FIRST_TOKEN, "Time from request to first token", latency_buckets())?,
+            request_duration: reg.hist(names::REQUEST_DURATION, "Time from request to last token", latency_buckets())?,
+            time_per_output_token: reg.hist(
                 names::TIME_PER_OUTPUT_TOKEN,
                 "Mean time between output tokens of a request",
                 vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
-            ),
-            engine_step: {
-                r.register(Box::new(engine_step.clone())).unwrap();
-                engine_step
-            },
-            requests_total,
-            rejections_total,
-            registry: r,
+            )?,
+            engine_step: reg.add(engine_step)?,
             stats,
+            registry: registry.clone(),
         };
-        let pc = prometheus::process_collector::ProcessCollector::for_self();
-        m.registry.register(Box::new(pc)).expect("process collector");
-        Arc::new(m)
+        m.registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(Arc::new(m))
     }
 
     /// The engine-step histogram exists before the engine starts (its observer feeds it).
-    pub fn engine_step_histogram() -> Histogram {
+    pub fn engine_step_histogram() -> prometheus::Result<Histogram> {
         Histogram::with_opts(
             HistogramOpts::new(names::ENGINE_STEP, "Duration of one engine step (one batched decode)")
                 .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
         )
-        .unwrap()
-    }
-
-    pub fn observe_step(&self, d: Duration) {
-        self.engine_step.observe(d.as_secs_f64());
     }
 
     /// Copies the engine's counters into the registry and renders the text format.
-    pub fn render(&self) -> String {
+    pub fn render(&self) -> prometheus::Result<String> {
         let s = self.stats.snapshot();
         self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
         self.kv_tokens_used.set(s.kv_tokens_used as i64);
@@ -217,9 +197,9 @@ impl Metrics {
             self.experiment_kv.with_label_values(&[name.as_str()]).set(now as i64);
             self.experiment_kv_peak.with_label_values(&[name.as_str()]).set(peak as i64);
         }
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
-        String::from_utf8(buf).expect("metrics are UTF-8")
+        let mut buf = String::new();
+        TextEncoder::new().encode_utf8(&self.registry.gather(), &mut buf)?;
+        Ok(buf)
     }
 
     pub fn count(&self, endpoint: &str, status: u16) {

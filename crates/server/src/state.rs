@@ -14,7 +14,6 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub model_id: String,
-    pub max_queue: usize,
     pub queue_timeout: Duration,
     pub api_key: Option<String>,
     pub body_limit: usize,
@@ -86,8 +85,8 @@ impl AppState {
 
     /// Submits a request and waits until the engine admits it. The returned receiver yields
     /// tokens; dropping it cancels the sequence.
-    pub async fn admit(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
-        let mut rx = self.admit_nowait(req)?;
+    pub async fn enqueue(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+        let mut rx = self.enqueue_nowait(req)?;
         let deadline = tokio::time::sleep(self.config.queue_timeout);
         tokio::pin!(deadline);
         tokio::select! {
@@ -108,7 +107,7 @@ impl AppState {
     }
 
     /// Submits without waiting for admission (the first event will be `Admitted`).
-    pub fn admit_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+    pub fn enqueue_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
         if self.is_shutting_down() {
             self.metrics.reject("shutting_down");
             return Err(ApiError::unavailable("The server is shutting down."));

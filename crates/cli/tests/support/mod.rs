@@ -61,6 +61,7 @@ static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::ne
 /// SIGKILL: no chance to flush or clean up.
 pub fn kill9(s: &mut Server) {
     if let Some(mut c) = s.child.take() {
+        // SAFETY: kill(2) with the pid of a child this test spawned and has not reaped yet.
         unsafe {
             libc_kill(c.id() as i32, 9);
         }
@@ -156,6 +157,7 @@ impl Server {
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
+        // SAFETY: kill(2) with the pid of a child this test spawned and has not reaped yet.
         unsafe {
             libc_kill(child.id() as i32, 15);
         }

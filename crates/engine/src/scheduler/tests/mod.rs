@@ -1,0 +1,314 @@
+//! Scheduler tests on a fake model whose next token is a hash of every token the sequence has
+//! in the KV cache, so a wrong shared prefix, a wrong copy or a wrong recompute changes the
+//! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
+//! sequence id where a prefix can only be given by copying a whole stream. `unified.rs` tests
+//! the unified pool, `split.rs` the split streams (the default).
+
+mod split;
+mod unified;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::*;
+use crate::request::{Completion, Event, FinishReason, Request};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use crate::sampler::SamplingParams;
+
+const VOCAB: usize = 100;
+const EOG: i32 = 1;
+
+struct FakeCell {
+    pos: usize,
+    token: i32,
+    seqs: BTreeSet<i32>,
+}
+
+struct Fake {
+    cap: usize,
+    /// Split streams: cells [k·per, (k+1)·per) belong to sequence k.
+    per_stream: Option<usize>,
+    /// Graph evaluations llama.cpp would run (split streams: one per micro-batch of
+    /// consecutive sequence ids with equal token counts).
+    ubatches: usize,
+    /// Micro-batches of each decode call, in order.
+    per_decode: Vec<usize>,
+    /// Stream copies (src, dst) recorded but not landed: llama.cpp copies the tensors at the
+    /// next decode, so restoring into a source or saving a destination before then is a bug.
+    pending: Vec<(i32, i32)>,
+    /// How often each (history) was computed as the last token of a decode: keyed by a hash of
+    /// the sequence's tokens up to and including that position.
+    computed: HashMap<u64, usize>,
+    cells: Vec<Option<FakeCell>>,
+    batch: Vec<(i32, usize, i32, bool)>,
+    logits: Vec<Vec<f32>>,
+    out_index: HashMap<usize, usize>,
+    no_slot: usize,
+    peak_used: usize,
+    /// Emit end-of-generation when the hash says so (off: sequences run to max_tokens).
+    eog: bool,
+}
+
+impl Fake {
+    fn new(cap: usize) -> Self {
+        Fake {
+            cap,
+            cells: (0..cap).map(|_| None).collect(),
+            batch: vec![],
+            logits: vec![],
+            out_index: HashMap::new(),
+            no_slot: 0,
+            peak_used: 0,
+            eog: false,
+            per_stream: None,
+            ubatches: 0,
+            per_decode: vec![],
+            pending: vec![],
+            computed: HashMap::new(),
+        }
+    }
+    fn split(slots: usize, per: usize) -> Self {
+        Fake { per_stream: Some(per), ..Fake::new(slots * per) }
+    }
+    fn stream(&self, seq: i32) -> std::ops::Range<usize> {
+        match self.per_stream {
+            Some(per) => seq as usize * per..(seq as usize + 1) * per,
+            None => 0..self.cap,
+        }
+    }
+    /// llama.cpp's split_equal(sequential) over the batch: micro-batches it would run.
+    fn count_ubatches(&self) -> usize {
+        if self.per_stream.is_none() {
+            return 1;
+        }
+        let mut left: Vec<(i32, usize)> = Vec::new(); // (seq, tokens) in batch order
+        for &(_, _, seq, _) in &self.batch {
+            match left.iter_mut().find(|(s, _)| *s == seq) {
+                Some(e) => e.1 += 1,
+                None => left.push((seq, 1)),
+            }
+        }
+        let mut n = 0;
+        while left.iter().any(|e| e.1 > 0) {
+            let mut set: Vec<usize> = Vec::new();
+            for (k, e) in left.iter().enumerate() {
+                if e.1 == 0 {
+                    continue;
+                }
+                if set.is_empty() || e.0 == left[*set.last().unwrap()].0 + 1 {
+                    set.push(k);
+                }
+            }
+            let take = set.iter().map(|&k| left[k].1).min().unwrap();
+            for &k in &set {
+                left[k].1 -= take;
+            }
+            n += 1;
+        }
+        n
+    }
+    fn used(&self) -> usize {
+        self.cells.iter().filter(|c| c.is_some()).count()
+    }
+    fn history(&self, seq: i32, upto: usize) -> Vec<i32> {
+        let mut v: Vec<(usize, i32)> = self
+            .cells
+            .iter()
+            .flatten()
+            .filter(|c| c.seqs.contains(&seq) && c.pos <= upto)
+            .map(|c| (c.pos, c.token))
+            .collect();
+        v.sort();
+        assert!(v.iter().enumerate().all(|(i, (p, _))| *p == i), "seq {seq} has a hole in its KV");
+        v.into_iter().map(|x| x.1).collect()
+    }
+}
+
+fn next_token(history: &[i32], eog: bool) -> i32 {
+    let mut h: u64 = 1469598103934665603;
+    for &t in history {
+        h = (h ^ t as u64).wrapping_mul(1099511628211);
+    }
+    if eog && h % 17 == 0 {
+        EOG
+    } else {
+        2 + (h % (VOCAB as u64 - 2)) as i32
+    }
+}
+
+impl Compute for Fake {
+    fn batch_capacity(&self) -> usize {
+        32
+    }
+    fn clear_batch(&mut self) {
+        self.batch.clear();
+    }
+    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
+        self.batch.push((token, pos, seq, logits));
+    }
+    fn decode(&mut self) -> Result<bool, String> {
+        let mut taken: Vec<usize> = Vec::new();
+        for &(_, _, seq, _) in &self.batch {
+            match self.stream(seq).find(|&i| self.cells[i].is_none() && !taken.contains(&i)) {
+                Some(i) => taken.push(i),
+                None => {
+                    self.no_slot += 1;
+                    return Ok(false);
+                }
+            }
+        }
+        self.pending.clear();
+        let n = self.count_ubatches();
+        self.ubatches += n;
+        self.per_decode.push(n);
+        for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
+            self.cells[taken[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+        }
+        for &(_, pos, seq, want) in &self.batch {
+            if want {
+                let mut h: u64 = 7;
+                for t in self.history(seq, pos) {
+                    h = (h ^ t as u64).wrapping_mul(1099511628211);
+                }
+                *self.computed.entry(h).or_insert(0) += 1;
+            }
+        }
+        self.peak_used = self.peak_used.max(self.used());
+        self.logits.clear();
+        self.out_index.clear();
+        for (bi, &(_, pos, seq, want)) in self.batch.iter().enumerate() {
+            if want {
+                let t = next_token(&self.history(seq, pos), self.eog);
+                let mut l = vec![0.0; VOCAB];
+                l[t as usize] = 10.0;
+                self.out_index.insert(bi, self.logits.len());
+                self.logits.push(l);
+            }
+        }
+        Ok(true)
+    }
+    fn logits(&self, batch_index: usize) -> &[f32] {
+        &self.logits[self.out_index[&batch_index]]
+    }
+    fn remove_seq(&mut self, seq: i32) {
+        for c in self.cells.iter_mut() {
+            if let Some(cell) = c {
+                cell.seqs.remove(&seq);
+                if cell.seqs.is_empty() {
+                    *c = None;
+                }
+            }
+        }
+    }
+    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&dst)), "share into a sequence that holds cells");
+        match self.per_stream {
+            None => {
+                for cell in self.cells.iter_mut().flatten() {
+                    if cell.seqs.contains(&src) && cell.pos < len {
+                        cell.seqs.insert(dst);
+                    }
+                }
+            }
+            Some(_) => {
+                // llama.cpp copies the whole stream; the backend then cuts it back to `len`
+                self.pending.push((src, dst));
+                let (s, d) = (self.stream(src), self.stream(dst));
+                for (i, j) in s.zip(d) {
+                    self.cells[j] = self.cells[i]
+                        .as_ref()
+                        .map(|c| FakeCell { pos: c.pos, token: c.token, seqs: [dst].into() });
+                }
+                self.truncate_seq(dst, len);
+            }
+        }
+    }
+    fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
+        assert!(self.pending.iter().all(|p| p.1 != seq), "saved sequence {seq} before its copy landed");
+        let cells: Vec<(usize, i32)> =
+            self.cells.iter().flatten().filter(|c| c.seqs.contains(&seq)).map(|c| (c.pos, c.token)).collect();
+        let n = cells.len() * 8;
+        Some((Box::new(cells), n))
+    }
+    fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
+        assert!(self.pending.iter().all(|p| p.0 != seq), "restored into {seq} before the copy from it landed");
+        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&seq)), "restore into a sequence that holds cells");
+        let cells = snap.downcast_ref::<Vec<(usize, i32)>>().expect("fake snapshot");
+        let free: Vec<usize> = self.stream(seq).filter(|&i| self.cells[i].is_none()).collect();
+        if free.len() < cells.len() {
+            return false;
+        }
+        for (k, &(pos, token)) in cells.iter().enumerate() {
+            self.cells[free[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+        }
+        true
+    }
+    fn truncate_seq(&mut self, seq: i32, len: usize) {
+        for c in self.cells.iter_mut() {
+            if let Some(cell) = c {
+                if cell.pos >= len && cell.seqs.remove(&seq) && cell.seqs.is_empty() {
+                    *c = None;
+                }
+            }
+        }
+    }
+    fn piece(&self, token: i32) -> Vec<u8> {
+        format!("<{token}>").into_bytes()
+    }
+    fn is_eog(&self, token: i32) -> bool {
+        token == EOG
+    }
+}
+
+fn submit(s: &mut Scheduler, prompt: Vec<i32>, max_tokens: u32, group: &str) -> UnboundedReceiver<Event> {
+    let (tx, rx) = unbounded_channel();
+    s.enqueue_counted(
+        Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false, kv_share: None },
+        tx,
+    );
+    rx
+}
+
+fn drain(rx: &mut UnboundedReceiver<Event>) -> (Vec<i32>, Option<Completion>) {
+    let mut toks = vec![];
+    let mut done = None;
+    while let Ok(e) = rx.try_recv() {
+        match e {
+            Event::Token { token, .. } => toks.push(token),
+            Event::Done(c) => done = Some(c),
+            Event::Error(e) => panic!("unexpected error {e}"),
+            Event::Admitted { .. } => {}
+        }
+    }
+    (toks, done)
+}
+
+fn run(s: &mut Scheduler, f: &mut Fake) {
+    let mut guard = 0;
+    while !s.is_idle() {
+        s.step(f);
+        assert!(s.used_cells() <= s.cfg.kv_tokens, "accounting exceeded the cache");
+        assert_eq!(s.used_cells(), f.used(), "accounting disagrees with the cache");
+        guard += 1;
+        assert!(guard < 100_000, "scheduler did not finish");
+    }
+}
+
+fn sched(kv: usize, slots: usize, ctx: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig::new(kv, slots, ctx), Arc::new(EngineStats::default()))
+}
+
+fn prompt(seed: i32, len: usize) -> Vec<i32> {
+    (0..len as i32).map(|i| 2 + (seed * 31 + i * 7).rem_euclid(90)).collect()
+}
+
+fn solo(p: &[i32], max_tokens: u32) -> Vec<i32> {
+    let mut s = sched(4096, 4, 1024);
+    let mut f = Fake::new(4096);
+    let mut rx = submit(&mut s, p.to_vec(), max_tokens, "solo");
+    run(&mut s, &mut f);
+    drain(&mut rx).0
+}
