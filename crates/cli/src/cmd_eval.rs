@@ -6,12 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use abserve_engine::Engine;
-use abserve_eval::analysis::{summarize_run, table, RunFacts};
-use abserve_eval::config::{EvalConfig, ScorerKind};
-use abserve_eval::dataset::Dataset;
-use abserve_eval::runner::{self, Options};
-use abserve_eval::target::{Http, Target};
-use abserve_eval::{report_html, report_md};
+use abserve_eval::{summarize_run, table, Dataset, EvalConfig, Http, Options, RunFacts, ScorerKind, Target};
 use anyhow::Context;
 use clap::Args;
 
@@ -55,7 +50,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     // all checks before any model work
     let cfg = EvalConfig::load(&a.experiment).map_err(anyhow::Error::msg)?;
     let mut ds = Dataset::load(&a.dataset).map_err(anyhow::Error::msg)?;
-    runner::check(&cfg, &mut ds).map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
+    abserve_eval::check(&cfg, &mut ds).map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
     for b in &ds.bad {
         eprintln!("eval: {} line {}: {} (left out)", a.dataset.display(), b.line, b.reason);
     }
@@ -88,7 +83,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", "),
             target.describe()
         );
-        let outcome = runner::run(&cfg, &ds, target.clone(), judge_target, &opts).await.map_err(anyhow::Error::msg)?;
+        let outcome = abserve_eval::run(&cfg, &ds, target.clone(), judge_target, &opts).await.map_err(anyhow::Error::msg)?;
         let facts = RunFacts {
             target: target.describe(),
             concurrency: outcome.capacity.concurrency,
@@ -102,11 +97,11 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         let s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments, facts);
         let out = &a.out;
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&s)?).context("writing summary.json")?;
-        std::fs::write(out.join("report.md"), report_md::render(&s)).context("writing report.md")?;
-        let html = report_html::render(&s, &ds, &outcome.results, &outcome.judgments).map_err(anyhow::Error::msg)?;
+        std::fs::write(out.join("report.md"), abserve_eval::report_md(&s)).context("writing report.md")?;
+        let html = abserve_eval::report_html(&s, &ds, &outcome.results, &outcome.judgments).map_err(anyhow::Error::msg)?;
         std::fs::write(out.join("report.html"), html).context("writing report.html")?;
         println!("{}", table(&s));
-        if let Some(w) = abserve_eval::analysis::judge_warning(&s) {
+        if let Some(w) = abserve_eval::judge_warning(&s) {
             println!("judge: {w}");
         }
         let answered: usize = s.variants.iter().map(|v| v.answered).sum();

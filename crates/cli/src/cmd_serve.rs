@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abserve_engine::{Engine, QueueLimit};
-use abserve_server::metrics::Metrics;
-use abserve_server::{AppState, ServerConfig};
+use abserve_server::{AbState, AppState, Metrics, ServerConfig};
 use clap::Args;
 
 use crate::args::ModelArgs;
@@ -67,7 +66,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
     });
     // a bad experiments file is an error before any model work
-    let ab = abserve_server::experiments::AbState::open(&a.data_dir, a.experiments.as_deref())?;
+    let ab = AbState::open(&a.data_dir, a.experiments.as_deref())?;
     let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;

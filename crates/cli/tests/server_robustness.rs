@@ -70,6 +70,7 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         ("completion empty prompt list", comp, Body::Json(json!({"model": MODEL_ID, "prompt": []})), 400),
         ("completion token out of vocab", comp, Body::Json(json!({"model": MODEL_ID, "prompt": [1, 2, 99999999]})), 400),
         ("completion logprobs too many", comp, Body::Json(json!({"model": MODEL_ID, "prompt": "x", "logprobs": 9})), 400),
+        ("completion echo (not supported)", comp, Body::Json(json!({"model": MODEL_ID, "prompt": "x", "echo": true})), 400),
         ("completion empty prompt", comp, Body::Json(json!({"model": MODEL_ID, "prompt": ""})), 400),
         ("oversized body", chat, Body::Raw(format!("{{\"model\":\"{MODEL_ID}\",\"messages\":[{{\"role\":\"user\",\"content\":\"{}\"}}]}}", "a".repeat(100_000)).into_bytes()), 413),
     ];

@@ -113,7 +113,7 @@ pub enum BackendError {
 
 /// The shared, read-only model: weights, vocabulary, chat template.
 pub struct Model {
-    pub inner: LlamaModel,
+    inner: LlamaModel,
 }
 
 impl Model {

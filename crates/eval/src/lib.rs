@@ -3,15 +3,34 @@
 //! stream to a resumable JSONL file, scorers grade each answer, paired statistics compare each
 //! variant with control, and the outcome is written as a terminal table, JSON, Markdown and a
 //! self-contained HTML report.
+//!
+//! Order of work: `config` (the experiment and scorers) and `dataset` (rows) are read and
+//! checked; `runner` asks `target` for every row × variant (resumable through `results`),
+//! `scorers` and `judge` grade the answers; `analysis` computes the paired statistics;
+//! `report_md` and `report_html` write the reports.
 
-pub mod analysis;
-pub mod config;
-pub mod dataset;
-pub mod judge;
-pub mod progress;
-pub mod report_html;
-pub mod report_md;
-pub mod results;
-pub mod runner;
-pub mod scorers;
-pub mod target;
+mod analysis;
+mod config;
+mod dataset;
+mod judge;
+mod progress;
+mod report_html;
+mod report_md;
+mod results;
+mod runner;
+mod scorers;
+mod target;
+
+pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
+pub use config::{EvalConfig, ScorerKind};
+pub use dataset::Dataset;
+pub use runner::{check, run, Options, Outcome};
+pub use target::{Call, CallError, Capacity, Generation, Http, Target};
+
+/// The Markdown report of a summary.
+pub fn report_md(s: &Summary) -> String {
+    report_md::render(s)
+}
+
+/// The self-contained HTML report (summary, every answer and judgment).
+pub use report_html::render as report_html;

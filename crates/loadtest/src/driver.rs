@@ -149,9 +149,10 @@ pub async fn run(cfg: Config) -> Result<Report, String> {
     let records: Records = Default::default();
     let budget = Budget { issued: Default::default(), deadline: cfg.duration.map(|d| t0 + d), requests: cfg.requests };
     let cfg = Arc::new(cfg);
+    let load = Load { cfg: cfg.clone(), client, model, budget, records: records.clone(), t0 };
     match cfg.mode {
-        Mode::Closed { concurrency } => closed_loop(&cfg, concurrency, &client, &model, &budget, &records, t0).await?,
-        Mode::Open { rate } => open_loop(&cfg, rate, &client, &model, &budget, &records, t0).await?,
+        Mode::Closed { concurrency } => closed_loop(&load, concurrency).await?,
+        Mode::Open { rate } => open_loop(&load, rate).await?,
     }
     let load_seconds = t0.elapsed().as_secs_f64();
     let after = match before {
@@ -180,19 +181,24 @@ pub async fn run(cfg: Config) -> Result<Report, String> {
     Ok(Report::build(facts, records, samples, before, after))
 }
 
-/// C clients, each sending its next request when its last one ended.
-async fn closed_loop(
-    cfg: &Arc<Config>,
-    concurrency: usize,
-    client: &Arc<Client>,
-    model: &str,
-    budget: &Budget,
-    records: &Records,
+/// What both loops share: the run's settings, the client, the model name, the request budget,
+/// where records go and when the run began.
+struct Load {
+    cfg: Arc<Config>,
+    client: Arc<Client>,
+    model: String,
+    budget: Budget,
+    records: Records,
     t0: Instant,
-) -> Result<(), String> {
+}
+
+/// C clients, each sending its next request when its last one ended.
+async fn closed_loop(load: &Load, concurrency: usize) -> Result<(), String> {
+    let t0 = load.t0;
     let mut tasks = Vec::new();
     for w in 0..concurrency.max(1) {
-        let (client, cfg, records, budget, model) = (client.clone(), cfg.clone(), records.clone(), budget.clone(), model.to_string());
+        let (client, cfg, records, budget, model) =
+            (load.client.clone(), load.cfg.clone(), load.records.clone(), load.budget.clone(), load.model.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15));
             while let Some(i) = budget.next() {
@@ -213,15 +219,8 @@ async fn closed_loop(
 }
 
 /// Poisson arrivals at `rate` per second, at most `max_inflight` at once.
-async fn open_loop(
-    cfg: &Arc<Config>,
-    rate: f64,
-    client: &Arc<Client>,
-    model: &str,
-    budget: &Budget,
-    records: &Records,
-    t0: Instant,
-) -> Result<(), String> {
+async fn open_loop(load: &Load, rate: f64) -> Result<(), String> {
+    let (cfg, t0) = (&load.cfg, load.t0);
     if !(rate.is_finite() && rate > 0.0) {
         return Err(format!("--rate must be a positive number of requests per second, got {rate}"));
     }
@@ -230,12 +229,12 @@ async fn open_loop(
     let gate = Arc::new(tokio::sync::Semaphore::new(cfg.max_inflight.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     let mut next = Instant::now();
-    while let Some(i) = budget.next() {
+    while let Some(i) = load.budget.next() {
         tokio::time::sleep_until(next.into()).await;
         next += Duration::from_secs_f64(exp.sample(&mut rng));
         let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
-        let b = body(cfg, model, i, &mut rng);
-        let (client, records, stream) = (client.clone(), records.clone(), cfg.stream);
+        let b = body(cfg, &load.model, i, &mut rng);
+        let (client, records, stream) = (load.client.clone(), load.records.clone(), cfg.stream);
         tasks.spawn(async move {
             push(&records, client.send(b, stream, t0).await);
             drop(permit);

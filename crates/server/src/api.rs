@@ -145,6 +145,10 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, A
 
 fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
     let mut req: CompletionRequest = parse_body(body)?;
+    if req.echo {
+        // it used to be accepted and ignored; a client that asks for its prompt back must know
+        return Err(ApiError::invalid_param("echo", "echo is not supported; the prompt is not repeated in the answer"));
+    }
     let n = req.common.n()?;
     let mut explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
     let mut params = req.common.sampling(16, req.logprobs()?)?;
