@@ -5,7 +5,7 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use abserve_engine::plan::{human_bytes, peak_rss};
 use abserve_engine::{Engine, Request, SamplingParams};
 use anyhow::Context;

@@ -217,10 +217,6 @@ impl<'m> Context<'m> {
             .expect("scheduler never exceeds the batch capacity");
     }
 
-    pub fn batch_len(&self) -> usize {
-        self.batch.n_tokens() as usize
-    }
-
     /// Runs the batch. `Ok(false)` means llama.cpp found no KV slot (the caller frees cells
     /// and retries); other failures are errors.
     pub fn decode(&mut self) -> Result<bool, String> {
@@ -267,13 +263,5 @@ impl<'m> Context<'m> {
     /// Loads a saved state into `seq` (which may differ from the one it was saved from).
     pub fn restore_seq(&mut self, state: &llama_cpp_2::SeqState, seq: i32) -> bool {
         self.ctx.state_seq_set(state, seq).is_ok()
-    }
-
-    pub fn seq_pos_max(&self, seq: i32) -> i32 {
-        self.ctx.kv_cache_seq_pos_max(seq)
-    }
-
-    pub fn n_ctx(&self) -> u32 {
-        self.ctx.n_ctx()
     }
 }

@@ -1,18 +1,30 @@
 //! abserve's engine: one shared llama.cpp model, a memory plan made before loading, and a
 //! continuous-batching scheduler on a dedicated thread. No HTTP here.
+//!
+//! - [`plan`]: the memory plan from the GGUF header alone ([`gguf`]), before any weights load;
+//! - `engine`: [`Engine`] starts the thread that owns the llama.cpp context (`backend`) and
+//!   takes [`Request`]s; each answers on its own channel of [`Event`]s ([`collect`] folds them);
+//! - `scheduler`: admission, KV slots and cells, prefix reuse, batching, preemption (see
+//!   docs/engine.md), with [`EngineStats`] as the only shared state;
+//! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
-pub mod backend;
-pub mod chat;
-pub mod collect;
-pub mod engine;
+mod backend;
+mod chat;
+mod collect;
+mod engine;
+mod request;
+mod sampler;
+mod scheduler;
+mod text;
+
 pub mod gguf;
 pub mod plan;
-pub mod request;
-pub mod sampler;
-pub mod scheduler;
-pub mod text;
 
-pub use engine::{Engine, EngineConfig, EngineError, QueueLimit};
+pub use backend::Model;
+pub use engine::MeasuredMemory;
+pub use chat::{ChatMessage, ChatTemplateError};
 pub use collect::{collect, collect_blocking, Collector, Output};
+pub use engine::{Engine, EngineConfig, EngineError, QueueLimit};
 pub use request::{Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError};
-pub use sampler::SamplingParams;
+pub use sampler::{SamplingParams, TokenLogprob};
+pub use scheduler::{EngineStats, StatsSnapshot};

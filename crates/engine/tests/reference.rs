@@ -3,7 +3,7 @@
 
 mod common;
 
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use abserve_engine::Engine;
 use serde_json::Value;
 

@@ -3,7 +3,7 @@
 //! resumed run asks the same question) to cancel the judge's position bias.
 
 use abserve_ab::experiment::render_row;
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abserve_ab::experiment::{template_fields, Variant};
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use futures::StreamExt;
 use rand::Rng;
 use serde_json::Value;

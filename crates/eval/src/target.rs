@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use abserve_engine::{Engine, Request, SamplingParams, SubmitError};
 use abserve_protocol::{names, ClientError};
 use serde::Serialize;

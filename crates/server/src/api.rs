@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abserve_engine::sampler::TokenLogprob;
+use abserve_engine::TokenLogprob;
 use abserve_engine::{Completion, Event, Request, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::State;

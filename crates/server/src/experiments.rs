@@ -10,7 +10,7 @@ use abserve_ab::assign::assign;
 use abserve_ab::experiment::{Experiment, Status, Variant};
 use abserve_ab::variant::Message;
 use abserve_ab::store::{Exposure, OutcomeEvent, Store};
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use abserve_engine::{Request, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};

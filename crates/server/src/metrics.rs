@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use abserve_engine::plan::MemoryPlan;
-use abserve_engine::scheduler::EngineStats;
+use abserve_engine::EngineStats;
 use abserve_protocol::names;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,

@@ -3,7 +3,7 @@
 //! Unknown fields are ignored (clients send many); wrong types and out-of-range values are a
 //! 400 naming the parameter, as OpenAI answers them.
 
-use abserve_engine::chat::ChatMessage;
+use abserve_engine::ChatMessage;
 use abserve_engine::SamplingParams;
 use serde::Deserialize;
 

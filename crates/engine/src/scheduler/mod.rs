@@ -101,6 +101,7 @@ impl SchedulerConfig {
         }
     }
 
+    #[cfg(test)]
     /// `seq_slots` streams of `cells_per_slot` cells each.
     pub fn split(seq_slots: usize, cells_per_slot: usize, context: usize) -> Self {
         SchedulerConfig { cells_per_slot: Some(cells_per_slot), ..Self::new(seq_slots * cells_per_slot, seq_slots, context) }
@@ -165,14 +166,11 @@ impl Scheduler {
         self.observer = Some(obs);
     }
 
-    pub fn stats(&self) -> &Arc<EngineStats> {
-        &self.stats
-    }
-
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
     }
 
+    #[cfg(test)]
     /// Every KV cell held, by running sequences and by cached prefixes.
     pub fn used_cells(&self) -> usize {
         self.cells.used()
@@ -184,23 +182,22 @@ impl Scheduler {
         active.len()
     }
 
+    #[cfg(test)]
     /// Finished sequences whose prefixes are kept.
     pub fn cached_prefixes(&self) -> usize {
         self.cache.len()
     }
 
+    #[cfg(test)]
     pub fn n_running(&self) -> usize {
         self.running.len()
-    }
-
-    pub fn n_waiting(&self) -> usize {
-        self.waiting.len()
     }
 
     fn caching(&self) -> bool {
         self.cfg.admission_control && self.cfg.min_shared_prefix != usize::MAX
     }
 
+    #[cfg(test)]
     /// Queues a request. The engine handle counted it in `inflight` when it was submitted;
     /// `enqueue_counted` is for callers (tests) that bypass the handle.
     pub fn enqueue_counted(&mut self, req: Request, tx: EventSender) {
@@ -436,6 +433,7 @@ impl Scheduler {
         }
     }
 
+    #[cfg(test)]
     /// Drops every cached prefix.
     pub fn clear_cache<C: Compute>(&mut self, be: &mut C) {
         while self.evict_lru(be, None) {}
@@ -502,7 +500,8 @@ impl Scheduler {
         self.publish();
     }
 
-    /// Running sequences per group and the cells they hold (for quotas and tests).
+    /// Running sequences per group and the cells they hold (the quota tests read it).
+    #[cfg(test)]
     pub fn cells_by_group(&self) -> std::collections::HashMap<Option<String>, usize> {
         let mut m = std::collections::HashMap::new();
         for a in &self.running {
