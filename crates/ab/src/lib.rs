@@ -1,9 +1,24 @@
-//! abserve's A/B layer: experiment definitions, GrowthBook-compatible assignment, durable
-//! storage of exposures and outcome events, and the statistics of results. No HTTP here.
+//! abserve's A/B layer: experiment definitions, GrowthBook-compatible assignment, what a variant
+//! does to a request, durable storage of exposures and outcome events, and the statistics of
+//! results. No HTTP here, no model.
+//!
+//! - `experiment`: definitions (TOML/JSON), validated; templates rendered with minijinja;
+//! - `assign`: GrowthBook's hashing and bucket ranges, equal to its SDKs on fixtures;
+//! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
+//! - `store`: SQLite (WAL, synchronous commits, versioned migrations), idempotent event batches;
+//! - `stats` (Welch, SRM) and `paired` (paired t, McNemar, sign test, quantiles), pinned to
+//!   scipy/statsmodels fixtures.
 
-pub mod assign;
-pub mod experiment;
-pub mod paired;
-pub mod stats;
-pub mod variant;
-pub mod store;
+mod assign;
+mod experiment;
+mod paired;
+mod stats;
+mod store;
+mod variant;
+
+pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
+pub use experiment::{parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status, Variant};
+pub use paired::{binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT, SignTest};
+pub use stats::{srm, summarize, welch, Comparison, SrmCheck, Summary};
+pub use store::{Exposure, MetricResult, OutcomeEvent, Results, Store, StoreError, VariantResult};
+pub use variant::{Message, Sampling, VariantError};

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use abserve_ab::store::Store;
+use abserve_ab::Store;
 use clap::{Args, Subcommand};
 
 #[derive(Args, Debug)]

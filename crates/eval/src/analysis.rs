@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use abserve_ab::paired::{mcnemar, paired_t, quantile, quantiles, sign_test};
-use abserve_ab::stats::summarize;
+use abserve_ab::{mcnemar, paired_t, quantile, quantiles, sign_test};
+use abserve_ab::summarize;
 use serde::Serialize;
 
 use crate::config::{Better, EvalConfig, ScoreType, Scorer};
@@ -402,7 +402,7 @@ mod tests {
         let c = get("contains");
         assert_eq!((c.test.as_str(), c.pairs), ("mcnemar", 9));
         // pairs 0-8: control-only passes rows 0-2, variant-only rows 6-8
-        let m = abserve_ab::paired::mcnemar(&[true, true, true, true, true, true, false, false, false], &[false, false, false, true, true, true, true, true, true]);
+        let m = abserve_ab::mcnemar(&[true, true, true, true, true, true, false, false, false], &[false, false, false, true, true, true, true, true, true]);
         assert_eq!(c.p_value, m.p_value);
         assert!((c.diff - 0.0).abs() < 1e-12);
         let l = get("length");

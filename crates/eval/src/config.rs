@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use abserve_ab::experiment::{template_fields, Experiment};
+use abserve_ab::{template_fields, Experiment};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,7 @@
 //! variant's or control's. Which one is shown first is drawn at random per pair (seeded, so a
 //! resumed run asks the same question) to cancel the judge's position bias.
 
-use abserve_ab::experiment::render_row;
+use abserve_ab::render_row;
 use abserve_engine::ChatMessage;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;

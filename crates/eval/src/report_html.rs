@@ -51,7 +51,7 @@ fn latency_chart(s: &Summary) -> String {
             continue;
         }
         let c = color(i);
-        let [p5, p25, p50, p75, p95] = abserve_ab::paired::quantiles(&v.latencies_ms, &[0.05, 0.25, 0.5, 0.75, 0.95])[..] else { unreachable!("five quantiles asked") };
+        let [p5, p25, p50, p75, p95] = abserve_ab::quantiles(&v.latencies_ms, &[0.05, 0.25, 0.5, 0.75, 0.95])[..] else { unreachable!("five quantiles asked") };
         o.push_str(&format!(r#"<g class="latency-box" data-variant="{}">"#, esc(&v.id)));
         o.push_str(&format!(r#"<line x1="{:.1}" x2="{:.1}" y1="{cy:.1}" y2="{cy:.1}" stroke="{c}"/>"#, x(p5), x(p95)));
         o.push_str(&format!(r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{c}" fill-opacity="0.25" stroke="{c}"/>"#, x(p25), cy - 8.0, (x(p75) - x(p25)).max(1.0)));

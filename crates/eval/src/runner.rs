@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_ab::experiment::{template_fields, Variant};
+use abserve_ab::{template_fields, Variant};
 use abserve_engine::ChatMessage;
 use futures::StreamExt;
 use rand::Rng;

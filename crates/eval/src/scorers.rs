@@ -4,7 +4,7 @@
 
 use std::process::Stdio;
 
-use abserve_ab::experiment::render_row;
+use abserve_ab::render_row;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

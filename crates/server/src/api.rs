@@ -105,7 +105,7 @@ fn route_experiment(
     headers: &HeaderMap,
     params: &mut SamplingParams,
     explicit_max: &mut bool,
-) -> Result<(abserve_ab::experiment::Variant, Routed), ApiError> {
+) -> Result<(abserve_ab::Variant, Routed), ApiError> {
     let unit = common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
     let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
     let v = e.variants[i].clone();
@@ -268,7 +268,7 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
 /// Records the exposure of a routed request (committed before the response goes out).
 async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
     let (Some(ab), true) = (state.ab.as_ref(), routed.record) else { return Ok(()) };
-    let x = abserve_ab::store::Exposure {
+    let x = abserve_ab::Exposure {
         variant: routed.variant.clone(),
         unit: routed.unit.clone().unwrap_or_default(),
         forced: routed.forced,

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
-use abserve_ab::assign::assign;
-use abserve_ab::experiment::{Experiment, Status, Variant};
-use abserve_ab::variant::Message;
-use abserve_ab::store::{Exposure, OutcomeEvent, Store};
+use abserve_ab::assign;
+use abserve_ab::{Experiment, Status, Variant};
+use abserve_ab::Message;
+use abserve_ab::{Exposure, OutcomeEvent, Store};
 use abserve_engine::ChatMessage;
 use abserve_engine::{Request, SamplingParams};
 use axum::body::Bytes;
@@ -34,7 +34,7 @@ impl AbState {
         let store = Store::open(data_dir)?;
         if let Some(f) = file {
             let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
-            for e in abserve_ab::experiment::parse_file(&text)? {
+            for e in abserve_ab::parse_file(&text)? {
                 store.put_experiment(&e)?;
             }
         }
@@ -49,7 +49,7 @@ impl AbState {
     /// Runs a store operation off the async threads.
     async fn with_store<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Store) -> Result<T, abserve_ab::store::StoreError> + Send + 'static,
+        f: impl FnOnce(&mut Store) -> Result<T, abserve_ab::StoreError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap()))
