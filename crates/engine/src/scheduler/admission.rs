@@ -180,11 +180,12 @@ impl Scheduler {
         };
         let mut slot = None;
         if let Some((id, len)) = cached {
-            let k = self.cache.iter().position(|c| c.id == id).expect("source found in this admission");
-            if !self.cfg.is_unified() && !self.joins_a_run(self.cache[k].slot) {
+            let in_place = self.cache.iter().find(|c| c.id == id).map(|c| c.slot).expect("source found in this admission");
+            if !self.cfg.is_unified() && !self.joins_a_run(in_place) {
                 slot = self.take_slot(be, Some(id));
             }
             if slot.is_none() {
+                // take_slot may have reordered the cache; `keep` left this entry in it
                 let k = self.cache.iter().position(|c| c.id == id).expect("kept by take_slot");
                 let c = self.cache.swap_remove(k);
                 be.truncate_seq(c.slot, len);
@@ -294,9 +295,6 @@ impl Scheduler {
     /// running sequence (so dropping this copy loses nothing)?
     fn held_elsewhere(&self, i: usize) -> bool {
         let c = &self.cache[i];
-        let n = c.tokens.len();
-        self.store.entries.iter().any(|e| e.tokens.starts_with(&c.tokens))
-            || self.cache.iter().enumerate().any(|(j, o)| j != i && o.tokens.starts_with(&c.tokens))
-            || self.running.iter().any(|r| r.n_past >= n && r.seq.tokens.starts_with(&c.tokens))
+        self.store.entries.iter().any(|e| e.tokens.starts_with(&c.tokens)) || self.unique_positions(i) == 0
     }
 }

@@ -311,11 +311,12 @@ impl Scheduler {
         };
         let decode_only = plan.iter().all(|p| p.n == 1);
         let t_decode = t0.elapsed();
-        let runs = {
+        // the step log's figures cost a sort per step: only when it is on
+        let runs = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG).then(|| {
             let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
             slots.sort_unstable();
             slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
-        };
+        });
         self.after_decode(be, &plan);
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
@@ -323,16 +324,18 @@ impl Scheduler {
             self.steps.observe(plan.len(), dt);
         }
         self.stats.last_step_micros.store(dt.as_micros() as u64, Ordering::Relaxed);
-        tracing::debug!(
-            target: "abserve_engine::step",
-            seqs = plan.len(),
-            tokens = plan.iter().map(|p| p.n).sum::<usize>(),
-            runs,
-            admit_ms = t_admit.as_secs_f64() * 1e3,
-            decode_ms = (t_decode - t_admit).as_secs_f64() * 1e3,
-            after_ms = (dt - t_decode).as_secs_f64() * 1e3,
-            "step"
-        );
+        if let Some(runs) = runs {
+            tracing::debug!(
+                target: "abserve_engine::step",
+                seqs = plan.len(),
+                tokens = plan.iter().map(|p| p.n).sum::<usize>(),
+                runs,
+                admit_ms = t_admit.as_secs_f64() * 1e3,
+                decode_ms = (t_decode - t_admit).as_secs_f64() * 1e3,
+                after_ms = (dt - t_decode).as_secs_f64() * 1e3,
+                "step"
+            );
+        }
         if let Some(obs) = &self.observer {
             obs(dt);
         }
@@ -400,29 +403,32 @@ impl Scheduler {
         self.cells.release(&c.cells);
     }
 
+    /// Positions of cache entry `i` that no other cached entry and no running sequence holds
+    /// (0: dropping it loses nothing those still have).
+    pub(super) fn unique_positions(&self, i: usize) -> usize {
+        let c = &self.cache[i];
+        let shared_cached = self
+            .cache
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, o)| kv::common_prefix(&o.tokens, &c.tokens))
+            .max()
+            .unwrap_or(0);
+        let shared_running =
+            self.running.iter().map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens)).max().unwrap_or(0);
+        c.tokens.len() - shared_cached.max(shared_running)
+    }
+
     /// Drops one cached prefix (never `keep`); false when there is none. The victim is the entry
     /// whose tokens are least uniquely held — the fewest positions past what another cached
     /// entry or a running sequence also holds — and among those the least recently used. So a
     /// variant's system prompt survives while copies of it go first: it is evicted only when no
     /// other holder has it (a radix cache evicting leaves before shared inner nodes).
     fn evict_lru<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> bool {
-        let unique = |i: usize| {
-            let c = &self.cache[i];
-            let shared_cached = self
-                .cache
-                .iter()
-                .enumerate()
-                .filter(|&(j, _)| j != i)
-                .map(|(_, o)| kv::common_prefix(&o.tokens, &c.tokens))
-                .max()
-                .unwrap_or(0);
-            let shared_running =
-                self.running.iter().map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens)).max().unwrap_or(0);
-            c.tokens.len() - shared_cached.max(shared_running)
-        };
         let victim = (0..self.cache.len())
             .filter(|&i| Some(self.cache[i].id) != keep && !self.pinned.contains(&self.cache[i].slot))
-            .min_by_key(|&i| (unique(i), self.cache[i].last_used));
+            .min_by_key(|&i| (self.unique_positions(i), self.cache[i].last_used));
         match victim {
             Some(i) => {
                 let c = self.cache.swap_remove(i);
