@@ -47,6 +47,8 @@ pub struct Experiment {
     pub name: String,
     /// Defaults to the experiment's name, as GrowthBook's `seed` defaults to its key.
     pub hash_seed: Option<String>,
+    /// GrowthBook's name of the attribute units are hashed by (default `user`). The server reads
+    /// `user` from OpenAI's `user` field and any other name from OpenAI's `metadata`.
     #[serde(default = "user_attr")]
     pub hash_attribute: String,
     #[serde(default = "two")]

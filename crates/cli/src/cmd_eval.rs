@@ -48,8 +48,8 @@ pub struct EvalArgs {
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     // all checks before any model work
-    let cfg = EvalConfig::load(&a.experiment).map_err(anyhow::Error::msg)?;
-    let mut ds = Dataset::load(&a.dataset).map_err(anyhow::Error::msg)?;
+    let cfg = EvalConfig::load(&a.experiment)?;
+    let mut ds = Dataset::load(&a.dataset)?;
     abserve_eval::check(&cfg, &mut ds).map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
     for b in &ds.bad {
         eprintln!("eval: {} line {}: {} (left out)", a.dataset.display(), b.line, b.reason);
@@ -61,7 +61,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let target = match &a.url {
-            Some(url) => Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await.map_err(anyhow::Error::msg)?),
+            Some(url) => Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await?),
             None => {
                 let engine_cfg = a.model.engine_config()?;
                 let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
@@ -71,7 +71,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         let target = Arc::new(target);
         let judge_target = match cfg.judge().map(|s| &s.kind) {
             Some(ScorerKind::Judge { url: Some(u), model, .. }) => {
-                Some(Arc::new(Target::Http(Http::connect(u, key.clone(), model.clone()).await.map_err(anyhow::Error::msg)?)))
+                Some(Arc::new(Target::Http(Http::connect(u, key.clone(), model.clone()).await?)))
             }
             _ => None,
         };
@@ -83,7 +83,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", "),
             target.describe()
         );
-        let outcome = abserve_eval::run(&cfg, &ds, target.clone(), judge_target, &opts).await.map_err(anyhow::Error::msg)?;
+        let outcome = abserve_eval::run(&cfg, &ds, target.clone(), judge_target, &opts).await?;
         let facts = RunFacts {
             target: target.describe(),
             concurrency: outcome.capacity.concurrency,
@@ -98,7 +98,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         let out = &a.out;
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&s)?).context("writing summary.json")?;
         std::fs::write(out.join("report.md"), abserve_eval::report_md(&s)).context("writing report.md")?;
-        let html = abserve_eval::report_html(&s, &ds, &outcome.results, &outcome.judgments).map_err(anyhow::Error::msg)?;
+        let html = abserve_eval::report_html(&s, &ds, &outcome.results, &outcome.judgments)?;
         std::fs::write(out.join("report.html"), html).context("writing report.html")?;
         println!("{}", table(&s));
         if let Some(w) = abserve_eval::judge_warning(&s) {

@@ -101,7 +101,7 @@ pub fn run(a: LoadtestArgs) -> anyhow::Result<i32> {
         max_inflight: 4096,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let mut report = rt.block_on(abserve_loadtest::run(cfg)).map_err(anyhow::Error::msg)?;
+    let mut report = rt.block_on(abserve_loadtest::run(cfg))?;
     if a.assert_no_oom || a.max_memory.is_some() {
         report.check_no_oom(a.max_memory);
     }

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use abserve_ab::{template_fields, Experiment};
 use serde::Deserialize;
 
+use crate::error::EvalError;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EvalFile {
@@ -126,8 +128,9 @@ impl Scorer {
 }
 
 impl ScorerDef {
-    /// The type is known and only the fields that type reads are set.
-    fn check_fields(&self) -> Result<(), String> {
+    /// What is wrong with the fields, if anything: the type must be known and only the fields
+    /// that type reads may be set.
+    fn field_problem(&self) -> Option<String> {
         let allowed: &[&str] = match self.kind.as_str() {
             "exact" | "contains" => &["expected", "case_sensitive"],
             "regex" => &["pattern"],
@@ -136,7 +139,7 @@ impl ScorerDef {
             "length" => &["unit", "max"],
             "command" => &["command", "timeout"],
             "judge" => &["url", "model", "prompt", "seed"],
-            other => return Err(format!("unknown scorer type '{other}' (known: {})", KNOWN.join(", "))),
+            other => return Some(format!("unknown scorer type '{other}' (known: {})", KNOWN.join(", "))),
         };
         let given = [
             ("expected", self.expected.is_some()),
@@ -153,17 +156,17 @@ impl ScorerDef {
             ("prompt", self.prompt.is_some()),
             ("seed", self.seed.is_some()),
         ];
-        if let Some((f, _)) = given.iter().find(|(f, set)| *set && !allowed.contains(f)) {
-            return Err(format!("'{f}' does not apply to a {} scorer", self.kind));
-        }
-        Ok(())
+        let (f, _) = given.iter().find(|(f, set)| *set && !allowed.contains(f))?;
+        Some(format!("'{f}' does not apply to a {} scorer", self.kind))
     }
 
-    pub fn build(&self, base_dir: &Path) -> Result<Scorer, String> {
+    pub fn build(&self, base_dir: &Path) -> Result<Scorer, EvalError> {
         let name = self.name.clone().unwrap_or_else(|| self.kind.clone());
-        let at = |m: String| format!("scorer '{name}': {m}");
-        self.check_fields().map_err(at)?;
-        let expected = || -> Result<String, String> {
+        let at = |m: String| EvalError::Config(format!("scorer '{name}': {m}"));
+        if let Some(m) = self.field_problem() {
+            return Err(at(m));
+        }
+        let expected = || -> Result<String, EvalError> {
             let t = self.expected.clone().unwrap_or_else(|| "{{ expected }}".into());
             template_fields(&t).map_err(|e| at(format!("expected: {e}")))?;
             Ok(t)
@@ -231,26 +234,25 @@ pub struct EvalConfig {
 }
 
 impl EvalConfig {
-    pub fn load(path: &Path) -> Result<EvalConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
-            .map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<EvalConfig, EvalError> {
+        let text = std::fs::read_to_string(path).map_err(EvalError::io(path))?;
+        Self::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| EvalError::Config(format!("{}: {e}", path.display())))
     }
 
-    pub fn parse(text: &str, base_dir: &Path) -> Result<EvalConfig, String> {
-        let f: EvalFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str, base_dir: &Path) -> Result<EvalConfig, EvalError> {
+        let f: EvalFile = toml::from_str(text).map_err(|e| EvalError::Config(e.to_string()))?;
         let mut exps = f.experiment;
         if exps.len() != 1 {
-            return Err(format!("needs exactly one [[experiment]], found {}", exps.len()));
+            return Err(EvalError::Config(format!("needs exactly one [[experiment]], found {}", exps.len())));
         }
         let experiment = exps.remove(0);
-        experiment.validate_shape().map_err(|e| e.0)?;
+        experiment.validate_shape().map_err(|e| EvalError::Config(e.0))?;
         let mut scorers = Vec::new();
         let mut names = std::collections::HashSet::new();
         for d in &f.scorer {
             let s = d.build(base_dir)?;
             if !names.insert(s.name.clone()) {
-                return Err(format!("two scorers are named '{}'; give one a name = \"...\"", s.name));
+                return Err(EvalError::Config(format!("two scorers are named '{}'; give one a name = \"...\"", s.name)));
             }
             scorers.push(s);
         }
@@ -280,7 +282,7 @@ id = "b"
 template = "{{ category }}: {{ input }}"
 "#;
 
-    fn parse(extra: &str) -> Result<EvalConfig, String> {
+    fn parse(extra: &str) -> Result<EvalConfig, EvalError> {
         EvalConfig::parse(&format!("{BASE}{extra}"), Path::new("."))
     }
 
@@ -290,17 +292,17 @@ template = "{{ category }}: {{ input }}"
         assert_eq!(c.scorers.len(), 3);
         assert_eq!(c.scorers[1].score_type(), ScoreType::Binary);
         assert_eq!(c.control(), "a");
-        let e = parse("[[scorer]]\ntype = \"bleu\"\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"bleu\"\n").unwrap_err().to_string();
         assert!(e.contains("unknown scorer type 'bleu'") && e.contains("contains"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"regex\"\npattern = \"(\"\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"regex\"\npattern = \"(\"\n").unwrap_err().to_string();
         assert!(e.contains("bad pattern"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"latency\"\npattern = \"x\"\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"latency\"\npattern = \"x\"\n").unwrap_err().to_string();
         assert!(e.contains("'pattern' does not apply"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"latency\"\n[[scorer]]\ntype = \"latency\"\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"latency\"\n[[scorer]]\ntype = \"latency\"\n").unwrap_err().to_string();
         assert!(e.contains("two scorers are named 'latency'"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"json_schema\"\nschema = { type = 12 }\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"json_schema\"\nschema = { type = 12 }\n").unwrap_err().to_string();
         assert!(e.contains("invalid JSON schema"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"command\"\n").unwrap_err();
+        let e = parse("[[scorer]]\ntype = \"command\"\n").unwrap_err().to_string();
         assert!(e.contains("needs command"), "{e}");
     }
 }

@@ -8,6 +8,8 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::error::EvalError;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// The row's `id` field, or `line-N` when it has none.
@@ -43,13 +45,13 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    pub fn load(path: &Path) -> Result<Dataset, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read dataset {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Dataset, EvalError> {
+        let text = std::fs::read_to_string(path).map_err(EvalError::io(path))?;
         let csv = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
         let d = if csv { Self::from_csv(&text)? } else { Self::from_jsonl(&text) };
         if d.rows.is_empty() {
             let why = d.bad.first().map(|b| format!(" (line {}: {})", b.line, b.reason)).unwrap_or_default();
-            return Err(format!("dataset {} has no usable rows{why}", path.display()));
+            return Err(EvalError::Dataset(format!("dataset {} has no usable rows{why}", path.display())));
         }
         Ok(d)
     }
@@ -69,11 +71,11 @@ impl Dataset {
         d
     }
 
-    pub fn from_csv(text: &str) -> Result<Dataset, String> {
+    pub fn from_csv(text: &str) -> Result<Dataset, EvalError> {
         let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
-        let headers = r.headers().map_err(|e| format!("CSV header: {e}"))?.clone();
+        let headers = r.headers().map_err(|e| EvalError::Dataset(format!("CSV header: {e}")))?.clone();
         if !headers.iter().any(|h| h == "input") {
-            return Err(format!("CSV header has no 'input' column (columns: {})", headers.iter().collect::<Vec<_>>().join(", ")));
+            return Err(EvalError::Dataset(format!("CSV header has no 'input' column (columns: {})", headers.iter().collect::<Vec<_>>().join(", "))));
         }
         let mut d = Dataset::default();
         for rec in r.records() {
@@ -126,14 +128,14 @@ impl Dataset {
 
     /// Checks that the templates' variables exist: a variable that no row has is an error
     /// (`what` names the template); rows that lack one are moved to `bad`.
-    pub fn require(&mut self, what: &str, vars: &BTreeSet<String>, provided: &HashSet<&str>) -> Result<(), String> {
+    pub fn require(&mut self, what: &str, vars: &BTreeSet<String>, provided: &HashSet<&str>) -> Result<(), EvalError> {
         let have = self.fields();
         for v in vars {
             if !provided.contains(v.as_str()) && !have.contains(v) {
-                return Err(format!(
+                return Err(EvalError::Dataset(format!(
                     "{what} refers to '{v}', which no dataset row has (fields: {})",
                     have.iter().cloned().collect::<Vec<_>>().join(", ")
-                ));
+                )));
             }
         }
         let mut keep = Vec::with_capacity(self.rows.len());
@@ -175,7 +177,7 @@ mod tests {
         assert_eq!(d.rows.len(), 2);
         assert_eq!(d.rows[0].input(), "Hello, there");
         assert_eq!(d.bad, vec![BadRow { line: 3, reason: "has 2 fields, the header has 3".into() }]);
-        assert!(Dataset::from_csv("question\nx\n").unwrap_err().contains("no 'input' column"));
+        assert!(Dataset::from_csv("question\nx\n").unwrap_err().to_string().contains("no 'input' column"));
     }
 
     #[test]
@@ -183,7 +185,7 @@ mod tests {
         let mut d = Dataset::from_jsonl("{\"input\": \"a\", \"topic\": \"t\"}\n{\"input\": \"b\"}\n");
         let provided: HashSet<&str> = HashSet::new();
         let nowhere: BTreeSet<String> = ["colour".to_string()].into();
-        let e = d.require("variant 'x'", &nowhere, &provided).unwrap_err();
+        let e = d.require("variant 'x'", &nowhere, &provided).unwrap_err().to_string();
         assert!(e.contains("'colour', which no dataset row has") && e.contains("input, topic"), "{e}");
         let some: BTreeSet<String> = ["topic".to_string()].into();
         d.require("variant 'x'", &some, &provided).unwrap();

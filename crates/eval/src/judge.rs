@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use crate::dataset::Row;
+use crate::error::ScoreError;
 use crate::results::Verdict;
 use crate::target::Call;
 
@@ -19,11 +20,11 @@ pub fn variant_first(seed: u64, row: &str, variant: &str) -> bool {
 }
 
 /// The judge's request for one pair.
-pub fn question(prompt: &str, row: &Row, a: &str, b: &str) -> Result<Call, String> {
+pub fn question(prompt: &str, row: &Row, a: &str, b: &str) -> Result<Call, ScoreError> {
     let mut ctx = row.fields.clone();
     ctx.insert("a".into(), Value::String(a.into()));
     ctx.insert("b".into(), Value::String(b.into()));
-    let text = render_row(prompt, &Value::Object(ctx))?;
+    let text = render_row(prompt, &Value::Object(ctx)).map_err(ScoreError::Template)?;
     Ok(Call {
         messages: vec![ChatMessage::new("user", &text)],
         temperature: Some(0.0),

@@ -12,6 +12,7 @@
 mod analysis;
 mod config;
 mod dataset;
+mod error;
 mod judge;
 mod progress;
 mod report_html;
@@ -24,6 +25,7 @@ mod target;
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
 pub use config::{EvalConfig, ScorerKind};
 pub use dataset::Dataset;
+pub use error::{EvalError, ScoreError};
 pub use runner::{check, run, Options, Outcome};
 pub use target::{Call, CallError, Capacity, Generation, Http, Target};
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::analysis::{fmt_num, fmt_p, Summary};
 use crate::config::ScoreType;
 use crate::dataset::Dataset;
+use crate::error::EvalError;
 use crate::results::{Judgment, ResultRow};
 
 const TEMPLATE: &str = include_str!("../templates/report.html.j2");
@@ -145,7 +146,7 @@ struct TableRow {
     any_fail: bool,
 }
 
-pub fn render(s: &Summary, ds: &Dataset, results: &BTreeMap<(String, String), ResultRow>, judgments: &BTreeMap<(String, String), Judgment>) -> Result<String, String> {
+pub fn render(s: &Summary, ds: &Dataset, results: &BTreeMap<(String, String), ResultRow>, judgments: &BTreeMap<(String, String), Judgment>) -> Result<String, EvalError> {
     let binary: Vec<&str> = s.scorers.iter().filter(|x| x.score_type == ScoreType::Binary).map(|x| x.name.as_str()).collect();
     let mut rows = Vec::new();
     for r in &ds.rows {
@@ -177,7 +178,7 @@ pub fn render(s: &Summary, ds: &Dataset, results: &BTreeMap<(String, String), Re
         rows.push(TableRow { id: r.id.clone(), line: r.line, input: r.input().into(), expected: r.expected(), cells, any_fail });
     }
     let mut env = Environment::new();
-    env.add_template("report.html", TEMPLATE).map_err(|e| e.to_string())?;
+    env.add_template("report.html", TEMPLATE).map_err(|e| EvalError::Report(e.to_string()))?;
     let comparisons: Vec<_> = s
         .comparisons
         .iter()
@@ -220,5 +221,5 @@ pub fn render(s: &Summary, ds: &Dataset, results: &BTreeMap<(String, String), Re
                 wall => format!("{:.1}", s.wall_seconds),
             })
         })
-        .map_err(|e| format!("report template: {e}"))
+        .map_err(|e| EvalError::Report(e.to_string()))
 }

@@ -11,6 +11,8 @@ use std::sync::Mutex;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::error::EvalError;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ResultRow {
     pub row: String,
@@ -69,35 +71,35 @@ pub struct Log {
 impl Log {
     /// Opens (creating) the file and returns what it already holds. A last line without its
     /// newline was torn by a crash: it is cut off and that item runs again.
-    pub fn open<T: DeserializeOwned>(path: &Path) -> Result<(Log, Vec<T>), String> {
-        let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    pub fn open<T: DeserializeOwned>(path: &Path) -> Result<(Log, Vec<T>), EvalError> {
         let mut text = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(err(e)),
+            Err(e) => return Err(EvalError::io(path)(e)),
         };
         let keep = text.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
         if keep < text.len() {
             text.truncate(keep);
-            std::fs::write(path, &text).map_err(err)?;
+            std::fs::write(path, &text).map_err(EvalError::io(path))?;
         }
         let mut items = Vec::new();
         for (i, line) in String::from_utf8_lossy(&text).lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
             }
-            items.push(serde_json::from_str(line).map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))?);
+            let bad = |e: serde_json::Error| EvalError::Log { path: path.to_path_buf(), line: i + 1, message: e.to_string() };
+            items.push(serde_json::from_str(line).map_err(bad)?);
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(EvalError::io(path))?;
         Ok((Log { path: path.to_path_buf(), file: Mutex::new(file) }, items))
     }
 
     /// Appends one line in a single write.
-    pub fn append<T: Serialize>(&self, item: &T) -> Result<(), String> {
-        let mut line = serde_json::to_vec(item).map_err(|e| e.to_string())?;
+    pub fn append<T: Serialize>(&self, item: &T) -> Result<(), EvalError> {
+        let mut line = serde_json::to_vec(item).map_err(|e| EvalError::io(&self.path)(e.into()))?;
         line.push(b'\n');
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        f.write_all(&line).and_then(|_| f.flush()).map_err(|e| format!("{}: {e}", self.path.display()))
+        f.write_all(&line).and_then(|_| f.flush()).map_err(EvalError::io(&self.path))
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_ab::{template_fields, Variant};
+use abserve_ab::{template_fields, Variant, VariantError};
 use abserve_engine::ChatMessage;
 use futures::StreamExt;
 use rand::Rng;
@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::config::{EvalConfig, ScorerKind};
 use crate::dataset::{Dataset, Row};
+use crate::error::EvalError;
 use crate::judge;
 use crate::progress::Progress;
 use crate::results::{latest, latest_judgments, Judgment, Log, ResultRow};
@@ -28,24 +29,24 @@ pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 /// Checks every template against the dataset (before any model work): a variable no row has
 /// is an error; rows lacking one are reported and left out.
-pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), String> {
+pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), EvalError> {
     let none: HashSet<&str> = HashSet::new();
     for v in &cfg.experiment.variants {
-        let f = template_fields(&v.template).map_err(|e| format!("variant '{}': {e}", v.id))?;
+        let f = template_fields(&v.template).map_err(|e| EvalError::Config(format!("variant '{}': {e}", v.id)))?;
         ds.require(&format!("the template of variant '{}'", v.id), &f, &none)?;
     }
     for s in &cfg.scorers {
         for t in s.templates() {
-            let f = template_fields(t).map_err(|e| format!("scorer '{}': {e}", s.name))?;
+            let f = template_fields(t).map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
             ds.require(&format!("scorer '{}'", s.name), &f, &none)?;
         }
         if let ScorerKind::Judge { prompt, .. } = &s.kind {
-            let f = template_fields(prompt).map_err(|e| format!("scorer '{}': {e}", s.name))?;
+            let f = template_fields(prompt).map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
             ds.require(&format!("the prompt of scorer '{}'", s.name), &f, &["a", "b"].into())?;
         }
     }
     if ds.rows.is_empty() {
-        return Err("no dataset row is usable".into());
+        return Err(EvalError::Dataset("no dataset row is usable".into()));
     }
     Ok(())
 }
@@ -53,8 +54,8 @@ pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), String> {
 
 /// The chat request of `v` for `row`. Without a variant seed, all variants of a row share one
 /// (derived from the row's id): sampled variants then differ by their prompts, not by luck.
-pub fn call_for(v: &Variant, row: &Row) -> Result<Call, String> {
-    let messages = v.chat_for_row(&Value::Object(row.fields.clone())).map_err(|e| e.message)?;
+pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
+    let messages = v.chat_for_row(&Value::Object(row.fields.clone()))?;
     let s = v.sampling();
     Ok(Call {
         messages: messages.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect(),
@@ -92,24 +93,24 @@ pub struct Outcome {
 
 /// Asks the target, retrying 429s (Retry-After, else exponential backoff; with jitter) and
 /// transient failures (3 tries).
-async fn ask(target: &Target, call: &Call, max_overloaded: u32) -> (Result<crate::target::Generation, String>, u32) {
+async fn ask(target: &Target, call: &Call, max_overloaded: u32) -> (Result<crate::target::Generation, CallError>, u32) {
     let (mut attempts, mut overloaded, mut transient) = (0u32, 0u32, 0u32);
     loop {
         attempts += 1;
         let wait = match target.chat(call).await {
             Ok(g) => return (Ok(g), attempts),
-            Err(CallError::Failed(m)) => return (Err(m), attempts),
-            Err(CallError::Overloaded { retry_after }) => {
+            Err(e @ CallError::Failed(_)) => return (Err(e), attempts),
+            Err(e @ CallError::Overloaded { retry_after }) => {
                 overloaded += 1;
                 if overloaded > max_overloaded {
-                    return (Err(format!("still overloaded (429) after {overloaded} tries")), attempts);
+                    return (Err(e), attempts);
                 }
                 retry_after.unwrap_or_else(|| Duration::from_millis(250 << overloaded.min(5)))
             }
-            Err(CallError::Transient(m)) => {
+            Err(e @ CallError::Transient(_)) => {
                 transient += 1;
                 if transient >= 3 {
-                    return (Err(m), attempts);
+                    return (Err(e), attempts);
                 }
                 Duration::from_millis(500 << transient)
             }
@@ -132,7 +133,7 @@ async fn score_all(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, only_missing:
                 r.scores.insert(s.name.clone(), x);
             }
             Err(e) => {
-                r.score_errors.insert(s.name.clone(), e);
+                r.score_errors.insert(s.name.clone(), e.to_string());
             }
         }
     }
@@ -159,7 +160,7 @@ async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max
     let call = match call_for(v, row) {
         Ok(c) => c,
         Err(e) => {
-            r.error = Some(e);
+            r.error = Some(e.to_string());
             return r;
         }
     };
@@ -175,15 +176,15 @@ async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max
             r.finish_reason = Some(g.finish_reason);
             score_all(cfg, row, &mut r, false).await;
         }
-        Err(e) => r.error = Some(e),
+        Err(e) => r.error = Some(e.to_string()),
     }
     r
 }
 
 /// Runs what is not done yet and returns everything done, old and new.
-pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_target: Option<Arc<Target>>, opts: &Options) -> Result<Outcome, String> {
+pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_target: Option<Arc<Target>>, opts: &Options) -> Result<Outcome, EvalError> {
     let started = std::time::Instant::now();
-    std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out).map_err(EvalError::io(&opts.out))?;
     let (log, old) = Log::open::<ResultRow>(&opts.out.join("results.jsonl"))?;
     let mut results = latest(old);
     let variants: BTreeSet<&str> = cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect();
@@ -260,7 +261,7 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
 
 /// Finished answers that lack a scorer added since the run that made them are scored now,
 /// without generating again.
-async fn rescore(cfg: &EvalConfig, rows: &BTreeMap<&str, &Row>, results: &mut BTreeMap<(String, String), ResultRow>, log: &Log) -> Result<(), String> {
+async fn rescore(cfg: &EvalConfig, rows: &BTreeMap<&str, &Row>, results: &mut BTreeMap<(String, String), ResultRow>, log: &Log) -> Result<(), EvalError> {
     for ((row_id, _), r) in results.iter_mut() {
         let Some(row) = rows.get(row_id.as_str()) else { continue };
         let before = (r.scores.len(), r.score_errors.len());
@@ -305,7 +306,7 @@ async fn judge_pairs(
     seed: u64,
     concurrency: usize,
     opts: &Options,
-) -> Result<BTreeMap<(String, String), Judgment>, String> {
+) -> Result<BTreeMap<(String, String), Judgment>, EvalError> {
     let (log, old) = Log::open::<Judgment>(&opts.out.join("judgments.jsonl"))?;
     let mut judged = latest_judgments(old);
     let control = cfg.control().to_string();
@@ -344,9 +345,9 @@ async fn judge_pairs(
                             j.verdict = Some(judge::verdict(&g.text, first));
                             j.reply = Some(g.text);
                         }
-                        Err(e) => j.error = Some(e),
+                        Err(e) => j.error = Some(e.to_string()),
                     },
-                    Err(e) => j.error = Some(e),
+                    Err(e) => j.error = Some(e.to_string()),
                 }
                 j
             }

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{LengthUnit, Scorer, ScorerKind};
 use crate::dataset::Row;
+use crate::error::ScoreError;
 use crate::results::ResultRow;
 
 fn b(x: bool) -> f64 {
@@ -40,22 +41,22 @@ pub fn json_of(output: &str) -> Option<Value> {
 }
 
 /// Scores a finished answer. `row_ctx` is the row's fields as a JSON object.
-pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, String> {
+pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, ScoreError> {
     let output = r.output.as_deref().unwrap_or_default();
     let ctx = Value::Object(row.fields.clone());
     match &s.kind {
         ScorerKind::Exact { expected, case_sensitive } => {
-            let want = render_row(expected, &ctx)?;
+            let want = render_row(expected, &ctx).map_err(ScoreError::Template)?;
             Ok(b(fold(output, *case_sensitive) == fold(&want, *case_sensitive)))
         }
         ScorerKind::Contains { expected, case_sensitive } => {
-            let want = render_row(expected, &ctx)?;
+            let want = render_row(expected, &ctx).map_err(ScoreError::Template)?;
             Ok(b(fold(output, *case_sensitive).contains(&fold(&want, *case_sensitive))))
         }
         ScorerKind::Regex { re } => Ok(b(re.is_match(output))),
         ScorerKind::JsonValid => Ok(b(json_of(output).is_some())),
         ScorerKind::JsonSchema { schema } => {
-            let v = jsonschema::validator_for(schema).map_err(|e| e.to_string())?;
+            let v = jsonschema::validator_for(schema).map_err(|e| ScoreError::Schema(e.to_string()))?;
             Ok(b(json_of(output).is_some_and(|j| v.is_valid(&j))))
         }
         ScorerKind::Length { unit, max } => {
@@ -69,7 +70,7 @@ pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, String> 
                 None => n,
             })
         }
-        ScorerKind::Latency => r.latency_ms.map(|ms| ms / 1e3).ok_or_else(|| "no latency".into()),
+        ScorerKind::Latency => r.latency_ms.map(|ms| ms / 1e3).ok_or(ScoreError::NoLatency),
         ScorerKind::Command { argv, timeout } => {
             let input = json!({
                 "row": row.id, "variant": r.variant, "input": row.input(), "expected": row.expected(),
@@ -77,11 +78,12 @@ pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, String> 
             });
             run_command(argv, &input, *timeout).await
         }
-        ScorerKind::Judge { .. } => Err("the judge scores pairs, not single answers".into()),
+        ScorerKind::Judge { .. } => Err(ScoreError::Pair),
     }
 }
 
-async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duration) -> Result<f64, String> {
+async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duration) -> Result<f64, ScoreError> {
+    let command = argv[0].clone();
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::piped())
@@ -89,7 +91,7 @@ async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duratio
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+        .map_err(|e| ScoreError::Spawn { command: command.clone(), message: e.to_string() })?;
     let mut stdin = child.stdin.take().expect("piped");
     let body = serde_json::to_vec(input).expect("serializable");
     let mut stdout = child.stdout.take().expect("piped");
@@ -100,20 +102,20 @@ async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duratio
         drop(stdin);
         let (mut out, mut err) = (String::new(), String::new());
         let _ = tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
-        let status = child.wait().await.map_err(|e| e.to_string())?;
-        Ok::<_, String>((status, out, err))
+        let status = child.wait().await.map_err(|e| ScoreError::Spawn { command: command.clone(), message: e.to_string() })?;
+        Ok::<_, ScoreError>((status, out, err))
     };
     let (status, out, err) = tokio::time::timeout(timeout, work)
         .await
-        .map_err(|_| format!("{} timed out after {:.1} s", argv[0], timeout.as_secs_f64()))??;
+        .map_err(|_| ScoreError::Timeout { command: command.clone(), seconds: timeout.as_secs_f64() })??;
     if !status.success() {
-        return Err(format!("{} exited with {status}: {}", argv[0], err.trim()));
+        return Err(ScoreError::Exit { command, status: status.to_string(), stderr: err.trim().to_string() });
     }
     out.split_whitespace()
         .next()
         .and_then(|w| w.parse::<f64>().ok())
         .filter(|x| x.is_finite())
-        .ok_or_else(|| format!("{} printed no number: {:?}", argv[0], out.trim()))
+        .ok_or_else(|| ScoreError::Output { command, output: out.trim().to_string() })
 }
 
 #[cfg(test)]
@@ -178,8 +180,8 @@ mod tests {
         let s = scorer(&format!("type='command'\ncommand=['python3', '-c', \"{py}\"]"));
         assert_eq!(score(&s, &r, &result("abc")).await, Ok(5.0));
         let slow = scorer("type='command'\ncommand=['sleep', '5']\ntimeout=0.2");
-        assert!(score(&slow, &r, &result("x")).await.unwrap_err().contains("timed out"));
+        assert!(matches!(score(&slow, &r, &result("x")).await, Err(ScoreError::Timeout { .. })));
         let bad = scorer("type='command'\ncommand=['sh', '-c', 'echo nope']");
-        assert!(score(&bad, &r, &result("x")).await.unwrap_err().contains("printed no number"));
+        assert!(matches!(score(&bad, &r, &result("x")).await, Err(ScoreError::Output { .. })));
     }
 }

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use abserve_engine::ChatMessage;
 use abserve_engine::{Engine, Request, SamplingParams, SubmitError};
+use abserve_protocol::wire::{ChatRequest, Common, Message, Stop};
 use abserve_protocol::{names, ClientError};
 use serde::Serialize;
-use serde_json::json;
+
+use crate::error::EvalError;
 
 /// One chat request of a variant for a row.
 #[derive(Debug, Clone, Serialize)]
@@ -34,23 +36,17 @@ pub struct Generation {
     pub finish_reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallError {
     /// 429 or a full engine queue: try again after the hint.
+    #[error("still overloaded (429)")]
     Overloaded { retry_after: Option<Duration> },
     /// Connection errors and 5xx: worth a few retries.
+    #[error("{0}")]
     Transient(String),
     /// Everything else (4xx, bad responses): recorded, not retried.
+    #[error("{0}")]
     Failed(String),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Overloaded { .. } => write!(f, "overloaded (429)"),
-            CallError::Transient(m) | CallError::Failed(m) => write!(f, "{m}"),
-        }
-    }
 }
 
 pub struct Http {
@@ -74,35 +70,33 @@ pub struct Capacity {
 
 impl Http {
     /// Connects to an endpoint; without `model`, the first id of `GET /v1/models` is used.
-    pub async fn connect(url: &str, key: Option<String>, model: Option<String>) -> Result<Http, String> {
-        let api = abserve_protocol::Client::new(url, key, Duration::from_secs(600)).map_err(|e| e.to_string())?;
+    pub async fn connect(url: &str, key: Option<String>, model: Option<String>) -> Result<Http, EvalError> {
+        let api = abserve_protocol::Client::new(url, key, Duration::from_secs(600))?;
         let model = match model {
             Some(m) => m,
-            None => api.first_model().await.map_err(|e| format!("{e}; pass --remote-model"))?,
+            None => api.first_model().await.map_err(EvalError::NoModel)?,
         };
         Ok(Http { api, model })
     }
 
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
-        let mut body = json!({
-            "model": self.model,
-            "messages": call.messages,
-            "max_tokens": call.max_tokens,
-        });
-        let o = body.as_object_mut().expect("object");
-        let opt = |v: Option<f32>| v.map(|x| json!(x));
-        for (k, v) in [
-            ("temperature", opt(call.temperature)),
-            ("top_p", opt(call.top_p)),
-            ("presence_penalty", opt(call.presence_penalty)),
-            ("frequency_penalty", opt(call.frequency_penalty)),
-            ("seed", call.seed.map(|s| json!(s))),
-            ("stop", call.stop.as_ref().map(|s| json!(s))),
-        ] {
-            if let Some(v) = v {
-                o.insert(k.into(), v);
-            }
-        }
+        let f = |v: Option<f32>| v.map(f64::from);
+        let body = ChatRequest {
+            common: Common {
+                model: Some(self.model.clone()),
+                max_tokens: Some(call.max_tokens.into()),
+                temperature: f(call.temperature),
+                top_p: f(call.top_p),
+                presence_penalty: f(call.presence_penalty),
+                frequency_penalty: f(call.frequency_penalty),
+                // OpenAI's seed is a signed 64-bit integer; larger seeds keep their bits
+                seed: call.seed.map(|s| s as i64),
+                stop: call.stop.clone().map(Stop::Many),
+                ..Default::default()
+            },
+            messages: call.messages.iter().map(|m| Message::new(&m.role, &m.content)).collect(),
+            ..Default::default()
+        };
         let out = self.api.chat(body, true).await.map_err(|e| match e {
             ClientError::Status { status: 429, retry_after, .. } => CallError::Overloaded { retry_after },
             ClientError::Status { status, .. } if status >= 500 => CallError::Transient(e.to_string()),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use abserve_protocol::ClientError;
 use serde::Serialize;
-use serde_json::Value;
+use abserve_protocol::wire::ChatRequest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,7 +69,7 @@ pub struct Client {
 
 impl Client {
     /// Sends one chat request (`body` without `stream`) and records what happened.
-    pub async fn send(&self, body: Value, stream: bool, t0: Instant) -> Record {
+    pub async fn send(&self, body: ChatRequest, stream: bool, t0: Instant) -> Record {
         let sent = Instant::now();
         let mut rec = Record {
             class: Class::Ok,

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
-use serde_json::{json, Value};
+use abserve_protocol::wire::{ChatRequest, Common, Message};
 
 
 use crate::client::{Class, Client, Record};
+use crate::error::LoadError;
 use crate::dist::Dist;
 use crate::report::{Report, RunFacts};
 use crate::scrape::{Sample, Scraper};
@@ -69,32 +70,31 @@ fn user_text(rng: &mut impl Rng, words: u32) -> String {
 }
 
 /// The chat body of request number `i` (without `stream`).
-pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> Value {
+pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> ChatRequest {
     let words = cfg.prompt_tokens.sample(rng);
-    let mut b = json!({
-        "max_tokens": cfg.max_tokens.sample(rng),
-        "temperature": 0.8,
-        "seed": i,
-    });
-    match &cfg.workload {
+    let mut common = Common {
+        max_tokens: Some(cfg.max_tokens.sample(rng).into()),
+        temperature: Some(0.8),
+        seed: Some(i as i64),
+        ignore_eos: cfg.ignore_eos,
+        ..Default::default()
+    };
+    let messages = match &cfg.workload {
         Workload::Experiment(name) => {
-            b["model"] = json!(format!("experiment:{name}"));
-            b["user"] = json!(format!("loadtest-{}", rng.gen::<u64>()));
-            b["messages"] = json!([{"role": "user", "content": user_text(rng, words)}]);
+            common.model = Some(format!("experiment:{name}"));
+            common.user = Some(format!("loadtest-{}", rng.gen::<u64>()));
+            vec![Message::new("user", user_text(rng, words))]
         }
         Workload::Variants(n) => {
             let v = i % (*n as u64).max(1);
-            b["model"] = json!(model);
-            b["messages"] = json!([
-                {"role": "system", "content": format!("You are assistant variant {v}. Write in style number {v}.")},
-                {"role": "user", "content": user_text(rng, words)},
-            ]);
+            common.model = Some(model.to_string());
+            vec![
+                Message::new("system", format!("You are assistant variant {v}. Write in style number {v}.")),
+                Message::new("user", user_text(rng, words)),
+            ]
         }
-    }
-    if cfg.ignore_eos {
-        b["ignore_eos"] = json!(true);
-    }
-    b
+    };
+    ChatRequest { common, messages, ..Default::default() }
 }
 
 /// Hands out request numbers until the duration or the request count is reached.
@@ -124,19 +124,18 @@ fn push(records: &Records, rec: Record) {
     records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
 }
 
-pub async fn run(cfg: Config) -> Result<Report, String> {
+pub async fn run(cfg: Config) -> Result<Report, LoadError> {
     if cfg.duration.is_none() && cfg.requests.is_none() {
-        return Err("give --duration or --requests (or both): a load test is bounded".into());
+        return Err(LoadError::Unbounded);
     }
     // each request is bounded by cfg.timeout in Client::send; the HTTP client's own bound is a
     // backstop above it
-    let api = abserve_protocol::Client::new(&cfg.url, cfg.key.clone(), cfg.timeout + Duration::from_secs(30))
-        .map_err(|e| e.to_string())?;
+    let api = abserve_protocol::Client::new(&cfg.url, cfg.key.clone(), cfg.timeout + Duration::from_secs(30))?;
     let base = api.base().to_string();
     let model = match (&cfg.workload, &cfg.model) {
         (Workload::Experiment(_), _) => String::new(),
         (_, Some(m)) => m.clone(),
-        _ => api.first_model().await.map_err(|e| format!("{e}; pass --model-name"))?,
+        _ => api.first_model().await.map_err(LoadError::NoModel)?,
     };
     let client = Arc::new(Client { api: api.clone(), timeout: cfg.timeout });
     let scraper = Arc::new(Scraper::new(api));
@@ -193,7 +192,7 @@ struct Load {
 }
 
 /// C clients, each sending its next request when its last one ended.
-async fn closed_loop(load: &Load, concurrency: usize) -> Result<(), String> {
+async fn closed_loop(load: &Load, concurrency: usize) -> Result<(), LoadError> {
     let t0 = load.t0;
     let mut tasks = Vec::new();
     for w in 0..concurrency.max(1) {
@@ -213,18 +212,18 @@ async fn closed_loop(load: &Load, concurrency: usize) -> Result<(), String> {
         }));
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())?;
+        t.await?;
     }
     Ok(())
 }
 
 /// Poisson arrivals at `rate` per second, at most `max_inflight` at once.
-async fn open_loop(load: &Load, rate: f64) -> Result<(), String> {
+async fn open_loop(load: &Load, rate: f64) -> Result<(), LoadError> {
     let (cfg, t0) = (&load.cfg, load.t0);
-    if !(rate.is_finite() && rate > 0.0) {
-        return Err(format!("--rate must be a positive number of requests per second, got {rate}"));
-    }
-    let exp = Exp::new(rate).map_err(|e| e.to_string())?;
+    let exp = match Exp::new(rate) {
+        Ok(e) if rate.is_finite() && rate > 0.0 => e,
+        _ => return Err(LoadError::Rate(rate)),
+    };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed);
     let gate = Arc::new(tokio::sync::Semaphore::new(cfg.max_inflight.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -232,7 +231,8 @@ async fn open_loop(load: &Load, rate: f64) -> Result<(), String> {
     while let Some(i) = load.budget.next() {
         tokio::time::sleep_until(next.into()).await;
         next += Duration::from_secs_f64(exp.sample(&mut rng));
-        let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        // the gate is never closed, so acquiring only waits
+        let Ok(permit) = gate.clone().acquire_owned().await else { break };
         let b = body(cfg, &load.model, i, &mut rng);
         let (client, records, stream) = (load.client.clone(), load.records.clone(), cfg.stream);
         tasks.spawn(async move {
@@ -240,7 +240,9 @@ async fn open_loop(load: &Load, rate: f64) -> Result<(), String> {
             drop(permit);
         });
     }
-    while tasks.join_next().await.is_some() {}
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
     Ok(())
 }
 

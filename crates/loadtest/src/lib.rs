@@ -10,11 +10,13 @@
 mod client;
 mod dist;
 mod driver;
+mod error;
 mod report;
 mod scrape;
 
 pub use client::{mentions_oom, Class, Record};
 pub use dist::Dist;
 pub use driver::{run, Config, Mode, Workload};
+pub use error::LoadError;
 pub use report::Report;
 pub use scrape::Sample;

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::prometheus::{parse, Samples};
 use crate::sse::{SseDecoder, SseEvent};
-use crate::wire::{Chunk, ErrorBody, ModelList, Response, Usage};
+use crate::wire::{ChatRequest, Chunk, ErrorBody, ModelList, Response, StreamOptions, Usage};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ClientError {
@@ -147,18 +147,11 @@ impl Client {
         r.json().await.ok()
     }
 
-    /// `POST /v1/chat/completions` with `body` (the caller's fields; `stream` and
-    /// `stream_options` are set here). Streamed: content is timed chunk by chunk. Whole: the
-    /// time to first token is the latency.
-    pub async fn chat(&self, mut body: Value, stream: bool) -> Result<ChatOutcome, ClientError> {
-        if let Some(o) = body.as_object_mut() {
-            o.insert("stream".into(), Value::Bool(stream));
-            if stream {
-                o.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
-            } else {
-                o.remove("stream_options");
-            }
-        }
+    /// `POST /v1/chat/completions` with `body` (`stream` and `stream_options` are set here).
+    /// Streamed: content is timed chunk by chunk. Whole: the time to first token is the latency.
+    pub async fn chat(&self, mut body: ChatRequest, stream: bool) -> Result<ChatOutcome, ClientError> {
+        body.common.stream = stream;
+        body.common.stream_options = stream.then(|| StreamOptions { include_usage: true });
         let url = format!("{}/v1/chat/completions", self.base);
         let sent = Instant::now();
         let r = self.post("/v1/chat/completions").json(&body).send().await.map_err(|e| transport(&url, e))?;

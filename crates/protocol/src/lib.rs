@@ -1,6 +1,6 @@
 //! What abserve's programs say to each other and to any OpenAI-compatible server, written once:
 //!
-//! - [`wire`]: the OpenAI chat/completions stream chunks, usage and error bodies (serde);
+//! - [`wire`]: OpenAI request bodies, whole responses, stream chunks, usage and errors (serde);
 //! - [`sse`]: one server-sent-events decoder (split reads, comments, `[DONE]`);
 //! - [`client`]: one HTTP client for OpenAI-compatible endpoints (base URL normalisation,
 //!   model discovery, bearer auth, `Retry-After`, streamed chat with per-chunk timing);

@@ -1,41 +1,21 @@
 //! `POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/models`, non-streamed and
 //! streamed as server-sent events exactly as OpenAI sends them.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use abserve_engine::TokenLogprob;
-use abserve_engine::{Completion, Event, Request, SamplingParams};
+use abserve_engine::{Completion, Request, SamplingParams};
+use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList, Prompt};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::stream::{self, Stream, StreamExt};
-use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::experiments::{apply_variant, route, variant_messages, Routed};
-use crate::openai::{parse_body, ChatRequest, CompletionRequest, PromptField};
+use crate::openai::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
+use crate::respond::{collect_response, now_secs, stream_response, Kind};
 use crate::state::AppState;
-
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Chat,
-    Text,
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-fn new_id(prefix: &str) -> String {
-    let r: u64 = rand::random();
-    format!("{prefix}-{r:016x}")
-}
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
@@ -46,14 +26,14 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiEr
 }
 
 /// Tokenized prompts plus sampling parameters, checked against the context.
-struct Job {
-    prompts: Vec<Vec<i32>>,
-    params: SamplingParams,
-    model: String,
-    stream: bool,
-    include_usage: bool,
-    kind: Kind,
-    routed: Option<Routed>,
+pub(crate) struct Job {
+    pub prompts: Vec<Vec<i32>>,
+    pub params: SamplingParams,
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub kind: Kind,
+    pub routed: Option<Routed>,
 }
 
 /// `experiment:<name>` models are routed through the A/B layer.
@@ -97,16 +77,27 @@ pub(crate) fn fit_context(state: &AppState, prompt: &[i32], params: &mut Samplin
     Ok(())
 }
 
+/// The unit an experiment assigns by: the request's value of the experiment's `hash_attribute`
+/// (GrowthBook's name for it) — `user` is OpenAI's `user` field, any other name a key of
+/// OpenAI's `metadata` — else the `X-Abserve-Unit` header.
+fn unit_of(e: &abserve_ab::Experiment, common: &Common, header: Option<String>) -> Option<String> {
+    let attr = match e.hash_attribute.as_str() {
+        "user" => common.user.clone(),
+        a => common.metadata.as_ref().and_then(|m| m.get(a).cloned()),
+    };
+    attr.filter(|s| !s.is_empty()).or(header)
+}
+
 /// Assigns a request to `experiment:<name>` a variant and applies the variant's parameters.
 fn route_experiment(
     state: &AppState,
     name: &str,
-    common: &crate::openai::Common,
+    common: &Common,
     headers: &HeaderMap,
     params: &mut SamplingParams,
     explicit_max: &mut bool,
 ) -> Result<(abserve_ab::Variant, Routed), ApiError> {
-    let unit = common.user.clone().or_else(|| header(headers, "x-abserve-unit"));
+    let unit = |e: &abserve_ab::Experiment| unit_of(e, common, header(headers, "x-abserve-unit"));
     let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
     let v = e.variants[i].clone();
     apply_variant(&v, params, explicit_max);
@@ -116,10 +107,10 @@ fn route_experiment(
 
 fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
     let req: ChatRequest = parse_body(body)?;
-    let mut messages = req.messages()?;
-    let n = req.common.n()?;
+    let mut messages = messages(&req)?;
+    let n = n(&req.common)?;
     let mut explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
-    let mut params = req.common.sampling(u32::MAX, req.top_logprobs()?)?;
+    let mut params = sampling(&req.common, u32::MAX, top_logprobs(&req)?)?;
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers, &mut params, &mut explicit)?;
@@ -130,7 +121,7 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, A
     };
     let text = state.engine.render_chat(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // the rendered template carries its own special tokens; do not add BOS twice
-    let prompt = state.engine.model().tokenize(&text, false);
+    let prompt = state.engine.tokenize(&text, false);
     fit_context(state, &prompt, &mut params, explicit)?;
     Ok(Job {
         prompts: vec![prompt; n],
@@ -149,22 +140,22 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
         // it used to be accepted and ignored; a client that asks for its prompt back must know
         return Err(ApiError::invalid_param("echo", "echo is not supported; the prompt is not repeated in the answer"));
     }
-    let n = req.common.n()?;
+    let n = n(&req.common)?;
     let mut explicit = req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
-    let mut params = req.common.sampling(16, req.logprobs()?)?;
+    let mut params = sampling(&req.common, 16, completion_logprobs(&req)?)?;
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers, &mut params, &mut explicit)?;
             let text = match &req.prompt {
-                PromptField::Text(t) => t.clone(),
+                Prompt::Text(t) => t.clone(),
                 _ => return Err(ApiError::invalid_param("prompt", "experiments take a single text prompt")),
             };
-            req.prompt = PromptField::Text(v.completion_prompt(&text).map_err(|e| ApiError::bad_request(e.to_string()))?);
+            req.prompt = Prompt::Text(v.completion_prompt(&text).map_err(|e| ApiError::bad_request(e.to_string()))?);
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
     };
-    let vocab = state.engine.model().n_vocab() as i64;
+    let vocab = state.engine.n_vocab() as i64;
     let check_ids = |ids: &[i64]| -> Result<Vec<i32>, ApiError> {
         ids.iter()
             .map(|&t| {
@@ -177,10 +168,10 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
             .collect()
     };
     let base: Vec<Vec<i32>> = match &req.prompt {
-        PromptField::Text(s) => vec![state.engine.tokenize(s)],
-        PromptField::Texts(v) if !v.is_empty() => v.iter().map(|s| state.engine.tokenize(s)).collect(),
-        PromptField::Tokens(ids) => vec![check_ids(ids)?],
-        PromptField::TokenLists(l) if !l.is_empty() => l.iter().map(|ids| check_ids(ids)).collect::<Result<_, _>>()?,
+        Prompt::Text(s) => vec![state.engine.tokenize(s, true)],
+        Prompt::Texts(v) if !v.is_empty() => v.iter().map(|s| state.engine.tokenize(s, true)).collect(),
+        Prompt::Tokens(ids) => vec![check_ids(ids)?],
+        Prompt::TokenLists(l) if !l.is_empty() => l.iter().map(|ids| check_ids(ids)).collect::<Result<_, _>>()?,
         _ => return Err(ApiError::invalid_param("prompt", "prompt must not be an empty list")),
     };
     if base.len() * n > 64 {
@@ -225,16 +216,8 @@ fn finish(state: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Re
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     state.metrics.count("models", 200);
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model_id,
-            "object": "model",
-            "created": now_secs(),
-            "owned_by": "abserve",
-        }]
-    }))
-    .into_response()
+    let model = Model { id: state.config.model_id.clone(), object: "model".into(), created: now_secs(), owned_by: "abserve".into() };
+    Json(ModelList { object: "list".into(), data: vec![model] }).into_response()
 }
 
 /// Admits every sequence of the job (all or none), then answers.
@@ -266,7 +249,7 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
 }
 
 /// Records the exposure of a routed request (committed before the response goes out).
-async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
+pub(crate) async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
     let (Some(ab), true) = (state.ab.as_ref(), routed.record) else { return Ok(()) };
     let x = abserve_ab::Exposure {
         variant: routed.variant.clone(),
@@ -280,265 +263,3 @@ async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error
     ab.record_exposure(routed.experiment.clone(), x).await
 }
 
-fn abserve_field(r: &Routed) -> Value {
-    json!({"experiment": r.experiment, "variant": r.variant, "unit": r.unit, "forced": r.forced, "in_experiment": r.record})
-}
-
-fn observe(state: &AppState, d: &Completion) {
-    state.metrics.ttft.observe(d.time_to_first_token.as_secs_f64());
-    state.metrics.request_duration.observe(d.total_time.as_secs_f64());
-    if d.completion_tokens > 1 {
-        let per = (d.total_time - d.time_to_first_token).as_secs_f64() / (d.completion_tokens - 1) as f64;
-        state.metrics.time_per_output_token.observe(per);
-    }
-}
-
-fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
-    let m = state.engine.model();
-    let entry = |t: i32, lp: f32| {
-        let bytes = m.piece(t);
-        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
-    };
-    json!({"content": lps.iter().map(|l| {
-        let mut e = entry(l.token, l.logprob);
-        e["top_logprobs"] = Value::Array(l.top.iter().map(|&(t, lp)| entry(t, lp)).collect());
-        e
-    }).collect::<Vec<_>>()})
-}
-
-fn text_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
-    let m = state.engine.model();
-    let mut offset = 0usize;
-    let mut tokens = vec![];
-    let mut token_logprobs = vec![];
-    let mut top = vec![];
-    let mut offsets = vec![];
-    for l in lps {
-        let t = m.token_text(l.token);
-        offsets.push(offset);
-        offset += t.len();
-        tokens.push(t);
-        token_logprobs.push(l.logprob);
-        let map: serde_json::Map<String, Value> = l.top.iter().map(|&(t, lp)| (m.token_text(t), json!(lp))).collect();
-        top.push(Value::Object(map));
-    }
-    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
-}
-
-async fn collect_response(
-    state: Arc<AppState>,
-    job: Job,
-    rxs: Vec<UnboundedReceiver<Event>>,
-) -> Result<Response, ApiError> {
-    let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
-    if let Some(r) = &job.routed {
-        let first = results.first().and_then(|x| x.as_ref().ok()).map(|c| &c.completion);
-        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.to_string());
-        expose(&state, r, first, err).await?;
-    }
-    let mut choices = vec![];
-    let prompt_tokens = prompt_tokens_once(&job.prompts);
-    let (mut completion_tokens, mut cached) = (0, 0);
-    for (i, r) in results.into_iter().enumerate() {
-        let c = r.map_err(|e| ApiError::unavailable(e.to_string()))?;
-        let d = c.completion;
-        observe(&state, &d);
-        cached += d.shared_prompt_tokens;
-        completion_tokens += d.completion_tokens;
-        let want_lp = job.params.logprobs.is_some();
-        let choice = match job.kind {
-            Kind::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text, "refusal": null},
-                "logprobs": if want_lp { chat_logprobs(&state, &c.logprobs) } else { Value::Null },
-                "finish_reason": d.finish_reason.as_str(),
-            }),
-            Kind::Text => json!({
-                "index": i,
-                "text": c.text,
-                "logprobs": if want_lp { text_logprobs(&state, &c.logprobs) } else { Value::Null },
-                "finish_reason": d.finish_reason.as_str(),
-            }),
-        };
-        choices.push(choice);
-    }
-    let (id, object) = match job.kind {
-        Kind::Chat => (new_id("chatcmpl"), "chat.completion"),
-        Kind::Text => (new_id("cmpl"), "text_completion"),
-    };
-    let mut body = json!({
-        "id": id,
-        "object": object,
-        "created": now_secs(),
-        "model": job.model,
-        "system_fingerprint": "abserve",
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        },
-    });
-    if let Some(r) = &job.routed {
-        body["abserve"] = abserve_field(r);
-    }
-    Ok(Json(body).into_response())
-}
-
-/// Builds the chunks of one streamed response (id, model and object are fixed for all).
-#[derive(Clone)]
-struct Chunker {
-    id: String,
-    object: &'static str,
-    created: u64,
-    model: String,
-    kind: Kind,
-    want_lp: bool,
-    state: Arc<AppState>,
-}
-
-impl Chunker {
-    fn chunk(&self, choices: Value) -> Value {
-        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "system_fingerprint": "abserve", "choices": choices})
-    }
-
-    /// The chunk an engine event of choice `i` becomes (none for admission and empty tokens).
-    fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
-        match ev {
-            Event::Token { text, logprob, .. } => {
-                if text.is_empty() && logprob.is_none() {
-                    return None;
-                }
-                let lp = if self.want_lp {
-                    let l: Vec<TokenLogprob> = logprob.into_iter().collect();
-                    match self.kind {
-                        Kind::Chat => chat_logprobs(&self.state, &l),
-                        Kind::Text => text_logprobs(&self.state, &l),
-                    }
-                } else {
-                    Value::Null
-                };
-                Some(Piece::Chunk(match self.kind {
-                    Kind::Chat => self.chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}])),
-                    Kind::Text => self.chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])),
-                }))
-            }
-            Event::Done(d) => {
-                observe(&self.state, &d);
-                let delta = if d.tail_text.is_empty() { json!({}) } else { json!({"content": d.tail_text}) };
-                let c = match self.kind {
-                    Kind::Chat => self.chunk(json!([{"index": i, "delta": delta, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
-                    Kind::Text => self.chunk(json!([{"index": i, "text": d.tail_text, "logprobs": null, "finish_reason": d.finish_reason.as_str()}])),
-                };
-                Some(Piece::Last(c, d))
-            }
-            Event::Error(e) => {
-                let message = e.to_string();
-                Some(Piece::Error(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}), message))
-            }
-            Event::Admitted { .. } => None,
-        }
-    }
-}
-
-/// What a streamed response has seen, for its exposure and its usage chunk: the first choice's
-/// completion and the first error (as a whole response records them), and the tokens.
-#[derive(Default)]
-struct Seen {
-    first_done: Option<Completion>,
-    first_error: Option<String>,
-    completion_tokens: usize,
-}
-
-/// Merges the per-choice event streams into OpenAI's chunk sequence.
-fn stream_response(
-    state: Arc<AppState>,
-    job: Job,
-    rxs: Vec<UnboundedReceiver<Event>>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let (id, object) = match job.kind {
-        Kind::Chat => (new_id("chatcmpl"), "chat.completion.chunk"),
-        Kind::Text => (new_id("cmpl"), "text_completion"),
-    };
-    let chunker = Chunker {
-        id,
-        object,
-        created: now_secs(),
-        model: job.model.clone(),
-        kind: job.kind,
-        want_lp: job.params.logprobs.is_some(),
-        state: state.clone(),
-    };
-    // role chunks first (chat only)
-    let head: Vec<Value> = match job.kind {
-        Kind::Chat => (0..rxs.len())
-            .map(|i| chunker.chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])))
-            .collect(),
-        Kind::Text => vec![],
-    };
-    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
-        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).map(move |ev| (i, ev)).boxed()
-    }));
-    let seen: Arc<std::sync::Mutex<Seen>> = Default::default();
-    let body = {
-        let (chunker, seen) = (chunker.clone(), seen.clone());
-        merged.filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev))).map(move |p| {
-            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
-            match p {
-                Piece::Chunk(c) => sse(&c),
-                Piece::Error(c, message) => {
-                    s.first_error.get_or_insert(message);
-                    sse(&c)
-                }
-                Piece::Last(c, d) => {
-                    s.completion_tokens += d.completion_tokens;
-                    s.first_done.get_or_insert(d);
-                    sse(&c)
-                }
-            }
-        })
-    };
-    let tail = stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
-    let events = stream::iter(head.into_iter().map(|c| sse(&c)))
-        .chain(body)
-        .chain(tail)
-        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
-    Sse::new(events)
-}
-
-/// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
-async fn finish_stream(state: Arc<AppState>, job: Job, chunker: Chunker, seen: Arc<std::sync::Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
-    let (done, err, completion) = {
-        let s = seen.lock().unwrap_or_else(|p| p.into_inner());
-        (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
-    };
-    if let Some(r) = &job.routed {
-        if let Err(e) = expose(&state, r, done.as_ref(), err).await {
-            tracing::error!("recording an exposure failed: {}", e.message);
-        }
-    }
-    if !job.include_usage {
-        return None;
-    }
-    let prompt_tokens = prompt_tokens_once(&job.prompts);
-    let mut c = chunker.chunk(json!([]));
-    c["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion});
-    Some(sse(&c))
-}
-
-enum Piece {
-    Chunk(Value),
-    /// An error chunk and its message.
-    Error(Value, String),
-    Last(Value, Completion),
-}
-
-/// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
-fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
-    prompts.iter().enumerate().filter(|(i, p)| *i == 0 || prompts[i - 1] != **p).map(|(_, p)| p.len()).sum()
-}
-
-fn sse(v: &Value) -> Result<SseEvent, Infallible> {
-    Ok(SseEvent::default().data(v.to_string()))
-}

@@ -3,7 +3,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use abserve_protocol::wire::{ErrorBody, ErrorObject};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -73,8 +73,14 @@ impl ApiError {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "Method not allowed on this path.")
     }
 
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    pub fn body(&self) -> ErrorBody {
+        let error = ErrorObject {
+            message: self.message.clone(),
+            kind: Some(self.kind.to_string()),
+            param: self.param.clone(),
+            code: self.code.map(str::to_string),
+        };
+        ErrorBody { error }
     }
 }
 

@@ -188,9 +188,16 @@ pub fn apply_variant(v: &Variant, p: &mut SamplingParams, explicit_max: &mut boo
     p.frequency_penalty = s.frequency_penalty.unwrap_or(p.frequency_penalty);
 }
 
-/// Picks the variant for a request to `experiment:<name>`.
-pub fn route(state: &AppState, name: &str, unit: Option<String>, forced: Option<String>) -> Result<(Experiment, usize, Routed), ApiError> {
+/// Routes a request for `experiment:<name>`: `unit` reads the request's unit for the experiment
+/// (by its `hash_attribute`); `forced` is the variant `X-Abserve-Variant` asks for.
+pub fn route(
+    state: &AppState,
+    name: &str,
+    unit: impl FnOnce(&Experiment) -> Option<String>,
+    forced: Option<String>,
+) -> Result<(Experiment, usize, Routed), ApiError> {
     let e = find(state, name).map_err(|_| ApiError::model_not_found(&format!("experiment:{name}")))?;
+    let unit = unit(&e);
     let control = e.control_index();
     if let Some(f) = forced {
         let i = e
@@ -242,7 +249,7 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     for v in &e.variants {
         let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
         let text = state.engine.render_chat(&msgs).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let prompt = state.engine.model().tokenize(&text, false);
+        let prompt = state.engine.tokenize(&text, false);
         let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
         let mut explicit = false;
         apply_variant(v, &mut params, &mut explicit);

@@ -32,7 +32,7 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
         return Err("engine thread has stopped".into());
     }
     let t0 = Instant::now();
-    let prompt = state.engine.model().tokenize("ready", true);
+    let prompt = state.engine.tokenize("ready", true);
     let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true, kv_share: None };
     let rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
     match tokio::time::timeout(std::time::Duration::from_secs(30), abserve_engine::collect(rx)).await {

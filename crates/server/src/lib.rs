@@ -7,15 +7,21 @@
 
 mod api;
 mod auth;
+mod backend;
 mod error;
 mod experiments;
 mod health;
 mod metrics;
 mod openai;
+mod respond;
 mod routes;
 mod serve;
 mod state;
 
+#[cfg(test)]
+mod tests;
+
+pub use backend::Backend;
 pub use error::ApiError;
 pub use experiments::AbState;
 pub use metrics::Metrics;

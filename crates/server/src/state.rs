@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abserve_engine::{Engine, Event, Request, SubmitError};
+use abserve_engine::{Event, Request, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::backend::Backend;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -24,7 +25,8 @@ pub struct ServerConfig {
 }
 
 pub struct AppState {
-    pub engine: Engine,
+    /// The one engine every request goes to (a fake one in the server's unit tests).
+    pub engine: Box<dyn Backend>,
     pub metrics: Arc<Metrics>,
     pub config: ServerConfig,
     pub shutting_down: AtomicBool,
@@ -37,9 +39,9 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(engine: Engine, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::experiments::AbState>) -> Arc<Self> {
+    pub fn new(engine: impl Backend, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::experiments::AbState>) -> Arc<Self> {
         Arc::new(AppState {
-            engine,
+            engine: Box::new(engine),
             metrics,
             config,
             shutting_down: AtomicBool::new(false),

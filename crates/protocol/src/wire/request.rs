@@ -1,0 +1,189 @@
+//! OpenAI request bodies: `POST /v1/chat/completions` and `POST /v1/completions`.
+//!
+//! The same structs are read by the server and written by abserve's clients (eval, loadtest).
+//! Reading: unknown fields are ignored (clients send many) and values are kept as sent (wide
+//! integer and float types), so that the server, not serde, says which value is out of range.
+//! Writing: absent options are left out, so a body carries only what its author set.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Content of a chat message: a string or a list of parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// One message of a chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+impl Message {
+    /// A message with text content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
+        Message { role: role.into(), content: Some(Content::Text(content.into())) }
+    }
+}
+
+/// Fields shared by chat and completions requests.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Common {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f64>,
+    /// The end user; abserve assigns experiment variants by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// OpenAI's free-form string pairs; abserve reads an experiment's `hash_attribute` here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// llama.cpp's and vLLM's extension: keep generating past end-of-sequence tokens.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ignore_eos: bool,
+    /// llama.cpp's extension: reuse a cached prompt prefix (default: yes unless `seed` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_prompt: Option<bool>,
+}
+
+impl Common {
+    /// Whether the streamed answer ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    #[serde(flatten)]
+    pub common: Common,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub logprobs: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<i64>,
+}
+
+/// `prompt` of a completions request: text, texts, token ids or lists of token ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(flatten)]
+    pub common: Common,
+    pub prompt: Prompt,
+    /// Completions API: number of top log-probabilities (0..=5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<i64>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub echo: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_request_carries_only_what_was_set_and_reads_back_equal() {
+        let r = ChatRequest {
+            common: Common { model: Some("m".into()), max_tokens: Some(8), seed: Some(3), ..Default::default() },
+            messages: vec![Message::new("user", "hi")],
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v, serde_json::json!({"model": "m", "max_tokens": 8, "seed": 3, "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(serde_json::from_value::<ChatRequest>(v).unwrap(), r);
+    }
+
+    #[test]
+    fn reads_the_shapes_openai_clients_send() {
+        let r: ChatRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],
+                "stop":"x","stream":true,"stream_options":{"include_usage":true},"metadata":{"team":"t"},"tools":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.common.stop, Some(Stop::One("x".into())));
+        assert!(r.common.include_usage());
+        assert_eq!(r.common.metadata.unwrap()["team"], "t");
+        assert_eq!(r.messages[1].content, None);
+        let c: CompletionRequest = serde_json::from_str(r#"{"prompt":[[1,2],[3]],"max_tokens":2}"#).unwrap();
+        assert_eq!(c.prompt, Prompt::TokenLists(vec![vec![1, 2], vec![3]]));
+        let c: CompletionRequest = serde_json::from_str(r#"{"prompt":[1,2]}"#).unwrap();
+        assert_eq!(c.prompt, Prompt::Tokens(vec![1, 2]));
+    }
+}

@@ -1,0 +1,299 @@
+//! Answers in OpenAI's shapes (`abserve_protocol::wire`): a whole response once every choice
+//! finished, or a stream of chunks as server-sent events, exactly as OpenAI sends them (a role
+//! chunk per choice for chat, content chunks, a finish chunk per choice, the usage chunk when
+//! asked for, `[DONE]`). Both record the exposure of a routed request with the same fields: the
+//! first choice's completion and the first error.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use abserve_engine::{Completion, Event, TokenLogprob};
+use abserve_protocol::wire::{
+    ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs, PromptTokensDetails, Response as WireResponse,
+    ResponseMessage, Routing, TextLogprobs, TokenLogprob as WireLogprob, TopLogprob, Usage,
+};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::{expose, Job};
+use crate::error::ApiError;
+use crate::experiments::Routed;
+use crate::state::AppState;
+
+/// Which endpoint answers: chat (`message`/`delta`) or completions (`text`).
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn id(self) -> String {
+        let r: u64 = rand::random();
+        match self {
+            Kind::Chat => format!("chatcmpl-{r:016x}"),
+            Kind::Text => format!("cmpl-{r:016x}"),
+        }
+    }
+}
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn routing(r: &Routed) -> Routing {
+    Routing {
+        experiment: r.experiment.clone(),
+        variant: r.variant.clone(),
+        unit: r.unit.clone(),
+        forced: r.forced,
+        in_experiment: r.record,
+    }
+}
+
+fn observe(state: &AppState, d: &Completion) {
+    state.metrics.ttft.observe(d.time_to_first_token.as_secs_f64());
+    state.metrics.request_duration.observe(d.total_time.as_secs_f64());
+    if d.completion_tokens > 1 {
+        let per = (d.total_time - d.time_to_first_token).as_secs_f64() / (d.completion_tokens - 1) as f64;
+        state.metrics.time_per_output_token.observe(per);
+    }
+}
+
+/// Log-probabilities in the endpoint's shape.
+fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
+    let e = &state.engine;
+    match kind {
+        Kind::Chat => {
+            let top = |t: i32, logprob: f32| {
+                let bytes = e.piece(t);
+                TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes }
+            };
+            let content = lps
+                .iter()
+                .map(|l| {
+                    let TopLogprob { token, logprob, bytes } = top(l.token, l.logprob);
+                    let top_logprobs = l.top.iter().map(|&(t, lp)| top(t, lp)).collect();
+                    WireLogprob { token, logprob, bytes, top_logprobs }
+                })
+                .collect();
+            Logprobs::Chat(ChatLogprobs { content })
+        }
+        Kind::Text => {
+            let mut out = TextLogprobs::default();
+            let mut offset = 0usize;
+            for l in lps {
+                let t = e.token_text(l.token);
+                out.text_offset.push(offset);
+                offset += t.len();
+                out.tokens.push(t);
+                out.token_logprobs.push(l.logprob);
+                out.top_logprobs.push(l.top.iter().map(|&(t, lp)| (e.token_text(t), lp)).collect());
+            }
+            Logprobs::Text(out)
+        }
+    }
+}
+
+/// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
+fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
+    prompts.iter().enumerate().filter(|(i, p)| *i == 0 || prompts[i - 1] != **p).map(|(_, p)| p.len()).sum()
+}
+
+/// Waits for every choice, records the exposure, then answers with one JSON body.
+pub(crate) async fn collect_response(state: Arc<AppState>, job: Job, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
+    let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
+    if let Some(r) = &job.routed {
+        let first = results.first().and_then(|x| x.as_ref().ok()).map(|c| &c.completion);
+        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.to_string());
+        expose(&state, r, first, err).await?;
+    }
+    let want_lp = job.params.logprobs.is_some();
+    let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
+    for (i, r) in results.into_iter().enumerate() {
+        let c = r.map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let d = c.completion;
+        observe(&state, &d);
+        cached += d.shared_prompt_tokens;
+        completion_tokens += d.completion_tokens;
+        let mut choice = Choice {
+            index: i as u32,
+            logprobs: want_lp.then(|| logprobs(&state, job.kind, &c.logprobs)),
+            finish_reason: Some(d.finish_reason.as_str().to_string()),
+            ..Default::default()
+        };
+        match job.kind {
+            Kind::Chat => choice.message = Some(ResponseMessage { role: "assistant".into(), content: Some(c.text) }),
+            Kind::Text => choice.text = Some(c.text),
+        }
+        choices.push(choice);
+    }
+    let mut usage = Usage::new(prompt_tokens_once(&job.prompts) as u64, completion_tokens as u64);
+    usage.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens: cached as u64 });
+    let body = WireResponse {
+        id: job.kind.id(),
+        object: if job.kind == Kind::Chat { "chat.completion" } else { "text_completion" }.into(),
+        created: now_secs(),
+        model: job.model.clone(),
+        system_fingerprint: Some("abserve".into()),
+        choices,
+        usage: Some(usage),
+        abserve: job.routed.as_ref().map(routing),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// Builds the chunks of one streamed response (id, model and object are fixed for all).
+#[derive(Clone)]
+struct Chunker {
+    template: Chunk,
+    kind: Kind,
+    want_lp: bool,
+    state: Arc<AppState>,
+}
+
+/// What a chunker turns an engine event into.
+enum Piece {
+    Chunk(Chunk),
+    /// An error in the stream and its message.
+    Error(ErrorBody, String),
+    Last(Chunk, Completion),
+}
+
+impl Chunker {
+    fn chunk(&self, choices: Vec<ChunkChoice>) -> Chunk {
+        Chunk { choices, ..self.template.clone() }
+    }
+
+    /// A choice carrying `text` as the endpoint carries it (`delta.content` or `text`).
+    fn choice(&self, i: usize, text: Option<String>) -> ChunkChoice {
+        match self.kind {
+            Kind::Chat => ChunkChoice { index: i as u32, delta: Some(Delta { role: None, content: text }), ..Default::default() },
+            Kind::Text => ChunkChoice { index: i as u32, text: Some(text.unwrap_or_default()), ..Default::default() },
+        }
+    }
+
+    /// The chunk an engine event of choice `i` becomes (none for admission and empty tokens).
+    fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
+        match ev {
+            Event::Token { text, logprob, .. } => {
+                if text.is_empty() && logprob.is_none() {
+                    return None;
+                }
+                let mut c = self.choice(i, Some(text));
+                if self.want_lp {
+                    let l: Vec<TokenLogprob> = logprob.into_iter().collect();
+                    c.logprobs = Some(logprobs(&self.state, self.kind, &l));
+                }
+                Some(Piece::Chunk(self.chunk(vec![c])))
+            }
+            Event::Done(d) => {
+                observe(&self.state, &d);
+                let tail = (!d.tail_text.is_empty()).then(|| d.tail_text.clone());
+                let mut c = self.choice(i, tail);
+                c.finish_reason = Some(d.finish_reason.as_str().to_string());
+                Some(Piece::Last(self.chunk(vec![c]), d))
+            }
+            Event::Error(e) => {
+                let message = e.to_string();
+                let error = ErrorObject { message: message.clone(), kind: Some("server_error".into()), param: None, code: None };
+                Some(Piece::Error(ErrorBody { error }, message))
+            }
+            Event::Admitted { .. } => None,
+        }
+    }
+}
+
+/// What a streamed response has seen, for its exposure and its usage chunk: the first choice's
+/// completion and the first error (as a whole response records them), and the tokens.
+#[derive(Default)]
+struct Seen {
+    first_done: Option<Completion>,
+    first_error: Option<String>,
+    completion_tokens: usize,
+}
+
+/// Merges the per-choice event streams into OpenAI's chunk sequence.
+pub(crate) fn stream_response(
+    state: Arc<AppState>,
+    job: Job,
+    rxs: Vec<UnboundedReceiver<Event>>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let object = if job.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let template = Chunk {
+        id: job.kind.id(),
+        object: object.into(),
+        created: now_secs(),
+        model: job.model.clone(),
+        system_fingerprint: Some("abserve".into()),
+        ..Default::default()
+    };
+    let chunker = Chunker { template, kind: job.kind, want_lp: job.params.logprobs.is_some(), state: state.clone() };
+    // role chunks first (chat only)
+    let head: Vec<Chunk> = match job.kind {
+        Kind::Chat => (0..rxs.len())
+            .map(|i| {
+                let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
+                chunker.chunk(vec![ChunkChoice { index: i as u32, delta: Some(delta), ..Default::default() }])
+            })
+            .collect(),
+        Kind::Text => vec![],
+    };
+    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).map(move |ev| (i, ev)).boxed()
+    }));
+    let seen: Arc<Mutex<Seen>> = Default::default();
+    let body = {
+        let (chunker, seen) = (chunker.clone(), seen.clone());
+        merged.filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev))).map(move |p| {
+            // a poisoned lock is read through: the fields stay consistent (plain assignments)
+            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+            match p {
+                Piece::Chunk(c) => sse(&c),
+                Piece::Error(body, message) => {
+                    s.first_error.get_or_insert(message);
+                    sse(&body)
+                }
+                Piece::Last(c, d) => {
+                    s.completion_tokens += d.completion_tokens;
+                    s.first_done.get_or_insert(d);
+                    sse(&c)
+                }
+            }
+        })
+    };
+    let tail = stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
+    let events = stream::iter(head.iter().map(sse).collect::<Vec<_>>())
+        .chain(body)
+        .chain(tail)
+        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Sse::new(events)
+}
+
+/// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
+async fn finish_stream(state: Arc<AppState>, job: Job, chunker: Chunker, seen: Arc<Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
+    let (done, err, completion) = {
+        let s = seen.lock().unwrap_or_else(|p| p.into_inner());
+        (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
+    };
+    if let Some(r) = &job.routed {
+        if let Err(e) = expose(&state, r, done.as_ref(), err).await {
+            tracing::error!("recording an exposure failed: {}", e.message);
+        }
+    }
+    if !job.include_usage {
+        return None;
+    }
+    let mut c = chunker.chunk(vec![]);
+    c.usage = Some(Usage::new(prompt_tokens_once(&job.prompts) as u64, completion as u64));
+    Some(sse(&c))
+}
+
+fn sse<T: serde::Serialize>(v: &T) -> Result<SseEvent, Infallible> {
+    // serialising these types cannot fail (string keys, finite or null floats)
+    Ok(SseEvent::default().data(serde_json::to_string(v).unwrap_or_default()))
+}
