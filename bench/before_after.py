@@ -200,7 +200,7 @@ def naive(mmap, max_tokens):
 def after(max_tokens):
     t0 = time.perf_counter()
     # the same KV capacity as the 8 naive processes together (8 x 512 tokens)
-    p, base = start_abserve(["--memory-budget", "1GiB", "--context", "512", "--kv-tokens", "4096", "--max-queue", "256",
+    p, base = start_abserve(["--memory-budget", "1GiB", "--context", "512", "--kv-cells", "4096", "--max-queue", "256",
                              "--queue-timeout", "600"])
     mem = PeakPss([p.pid])
     res = run_clients(base, bodies(8, 16, max_tokens, "m"), 128)
@@ -279,7 +279,7 @@ def main():
         bs = [{"model": "m", "max_tokens": 32, "temperature": 0, "ignore_eos": True,
                "messages": [{"role": "system", "content": sysp}, {"role": "user", "content": q}]} for q in QUESTIONS]
         rows = []
-        for name, start in [("abserve", lambda: start_abserve(["--memory-budget", "1GiB", "--context", "1024", "--kv-tokens", "16384"])),
+        for name, start in [("abserve", lambda: start_abserve(["--memory-budget", "1GiB", "--context", "1024", "--kv-cells", "16384"])),
                             ("llama.cpp server (16 slots)", lambda: start_peer(16, 1024))]:
             walls, ttfts, pss = [], [], []
             for _ in range(a.runs):

@@ -45,7 +45,7 @@ def abserve_run(ps, max_tokens, threads, ctx):
         path = f.name
     out = subprocess.run(
         [str(ABSERVE), "generate", "--model", str(MODEL), "--prompts", path, "--json", "--threads", str(threads),
-         "--context", str(ctx), "--memory-budget", "2GiB", "--kv-tokens", str(max(ctx * len(ps), 2048)),
+         "--context", str(ctx), "--memory-budget", "2GiB", "--kv-cells", str(max(ctx * len(ps), 2048)),
          "--max-sequences", str(max(len(ps), 1))],
         check=True, capture_output=True, text=True,
     )

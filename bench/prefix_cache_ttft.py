@@ -20,7 +20,7 @@ a = ap.parse_args()
 sysp = b.long_system_prompt()
 cold, warm = [], []
 for _ in range(a.runs):
-    p, base = b.start_abserve(["--memory-budget", "1GiB", "--context", "1024", "--kv-tokens", "16384"])
+    p, base = b.start_abserve(["--memory-budget", "1GiB", "--context", "1024", "--kv-cells", "16384"])
     t = [b.chat(base, {"model": "m", "max_tokens": 8, "temperature": 0,
                        "messages": [{"role": "system", "content": sysp}, {"role": "user", "content": q}]}, stream=True)[1]
          for q in b.QUESTIONS[:10]]

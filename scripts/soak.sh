@@ -20,7 +20,7 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ -n "$url" ] || { echo "soak: server did not start"; cat "$log"; exit 1; }
-capacity=$(curl -s "$url/ready" | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["max_sequences"])')
+capacity=$(curl -s "$url/ready" | python3 -c 'import json,sys; print(json.load(sys.stdin)["plan"]["full_context_sequences"])')
 clients=$(( capacity * 3 / 2 ))
 echo "soak: $url, capacity $capacity sequences, $clients clients for $minutes min"
 status=0
@@ -44,7 +44,7 @@ itl = r.get("inter_token_ms") or {}
 print(f"soak: inter-token p50 {itl.get('p50', float('nan')):.0f} ms p99 {itl.get('p99', float('nan')):.0f} ms; TTFT p50 {r['ttft_ms']['p50']/1e3:.2f} s")
 print(f"soak: RSS after {warm:.0f} s warm-up {base/1e6:.1f} MB, at the end of the load {end/1e6:.1f} MB "
       f"({(end - base) / base * 100:+.2f}%), peak {peak/1e6:.1f} MB; plan {r['memory']['planned_bytes']/1e6:.1f} MB")
-print(f"soak: after the load: KV cells {r['memory']['final_kv_tokens']:.0f}, running {r['memory']['final_running']:.0f}, RSS {r['memory']['final_rss_bytes']/1e6:.1f} MB")
+print(f"soak: after the load: KV cells {r['memory']['final_kv_cells']:.0f}, running {r['memory']['final_running']:.0f}, RSS {r['memory']['final_rss_bytes']/1e6:.1f} MB")
 for f in r["failures"]:
     print("soak: FAILED:", f)
 PY

@@ -29,9 +29,10 @@ pub struct ModelArgs {
     /// Most sequences in flight at once (llama.cpp's n_seq_max, at most 256).
     #[arg(long, default_value_t = 64)]
     pub max_sequences: u64,
-    /// Never allocate more KV cells than this, whatever the budget allows.
-    #[arg(long)]
-    pub kv_tokens: Option<u64>,
+    /// Never allocate more KV cells than this, whatever the budget allows (`--kv-tokens`, its
+    /// old name, still works).
+    #[arg(long, alias = "kv-tokens")]
+    pub kv_cells: Option<u64>,
     /// Prefill chunk size (tokens per engine step).
     #[arg(long, default_value_t = 512)]
     pub batch: u64,
@@ -84,7 +85,7 @@ impl ModelArgs {
         c.context = self.context;
         c.kv_type = self.kv_type;
         c.max_sequences = self.max_sequences;
-        c.kv_tokens_cap = self.kv_tokens;
+        c.kv_cells_cap = self.kv_cells;
         c.n_batch = self.batch;
         c.flash_attention = self.flash_attn == "on";
         c.kv_unified = self.kv_unified;

@@ -187,8 +187,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         human_bytes(peak_rss()),
         human_bytes(plan.planned_bytes),
         human_bytes(plan.budget_bytes),
-        stats.kv_tokens_peak,
-        stats.kv_tokens_total,
+        stats.kv_cells_peak,
+        stats.kv_cells_total,
         stats.preemptions,
     );
     if a.json {

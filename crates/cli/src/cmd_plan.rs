@@ -65,7 +65,7 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
         context: cfg.context,
         n_batch: cfg.n_batch,
         max_sequences: cfg.max_sequences,
-        kv_tokens_cap: cfg.kv_tokens_cap,
+        kv_cells_cap: cfg.kv_cells_cap,
         flash_attention: cfg.flash_attention,
         kv_unified: cfg.kv_unified,
         prefix_store: cfg.prefix_store,
@@ -102,7 +102,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("budget", format!("{} ({} B)", human_bytes(plan.budget_bytes), plan.budget_bytes)),
         ("margin", human_bytes(plan.margin_bytes)),
         ("usable", human_bytes(plan.usable_bytes)),
-        ("kv cache", format!("{} tokens = {}", plan.kv_tokens, human_bytes(plan.kv_bytes))),
+        ("kv cache", format!("{} tokens = {}", plan.kv_cells, human_bytes(plan.kv_bytes))),
         (
             "kv layout",
             if plan.kv_unified {
@@ -113,7 +113,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ),
         ("planned total", human_bytes(plan.planned_bytes)),
         ("context per sequence", format!("{} tokens", plan.context)),
-        ("max concurrent sequences", plan.max_sequences.to_string()),
+        ("full-context sequences", plan.full_context_sequences.to_string()),
         ("model copies that fit", plan.copies_that_fit.to_string()),
         ("fits", if plan.fits { "yes".into() } else { "NO".into() }),
     ];

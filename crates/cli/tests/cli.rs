@@ -44,7 +44,7 @@ fn plan_json_matches_the_kv_formula_for_the_default_model() {
     assert_eq!(formula, 23040); // 2 × 30 layers × 3 KV heads × 64 × 2 bytes (f16)
     assert_eq!(v["kv_bytes_per_token"].as_u64().unwrap(), formula);
     assert_eq!(v["weights_bytes"].as_u64().unwrap(), h.weights_bytes());
-    for key in ["weights_bytes", "kv_bytes_per_token", "kv_tokens", "max_sequences", "budget_bytes", "fits"] {
+    for key in ["weights_bytes", "kv_bytes_per_token", "kv_cells", "full_context_sequences", "budget_bytes", "fits"] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     assert_eq!(v["fits"], true);
@@ -61,7 +61,7 @@ fn problem_statement_hypothetical_one_copy_fits_two_do_not() {
     let v = json(&abserve(&args));
     assert_eq!(v["fits"], true);
     assert_eq!(v["copies_that_fit"].as_u64().unwrap(), 1);
-    let seqs = v["max_sequences"].as_u64().unwrap();
+    let seqs = v["full_context_sequences"].as_u64().unwrap();
     assert!(seqs >= 1, "sequences of 4096 tokens beside one copy: {seqs}");
     // two copies' worth of weights do not fit
     let mut two = args.to_vec();
@@ -91,7 +91,7 @@ fn generate_runs_prompts_concurrently_and_reports_memory() {
     assert_eq!(lines[1]["completion_tokens"], 8);
     let summary = &lines[2]["summary"];
     assert!(summary["peak_rss_bytes"].as_u64().unwrap() > 0);
-    assert!(summary["plan"]["kv_tokens"].as_u64().unwrap() > 0);
+    assert!(summary["plan"]["kv_cells"].as_u64().unwrap() > 0);
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn loadtest(s: &Server, args: &[&str]) -> (i32, Value) {
 
 fn twice_capacity_load(s: &Server) -> (i32, Value, Value) {
     let r = ready(s);
-    let max_seq = r["plan"]["max_sequences"].as_u64().unwrap();
+    let max_seq = r["plan"]["full_context_sequences"].as_u64().unwrap();
     // 14 slots of 512 cells with split streams and the 5% prefix store; 16 sequences in the unified pool
     assert!((12..=16).contains(&max_seq), "the budget holds 12-16 sequences of 512 tokens: {r}");
     let planned = r["memory"]["planned_bytes"].as_f64().unwrap();
@@ -62,7 +62,7 @@ fn n(report: &Value, class: &str) -> u64 {
 
 #[test]
 fn eight_variants_at_twice_capacity_never_run_out_of_memory() {
-    let s = Server::start(&["--memory-budget", BUDGET, "--context", "512", "--kv-tokens", "-"]);
+    let s = Server::start(&["--memory-budget", BUDGET, "--context", "512", "--kv-cells", "-"]);
     let (code, report, r) = twice_capacity_load(&s);
     assert_eq!(code, 0, "loadtest failed: {}", report["failures"]);
     for class in ["http_5xx", "oom", "timeout", "connection", "http_4xx"] {
@@ -74,12 +74,12 @@ fn eight_variants_at_twice_capacity_never_run_out_of_memory() {
     // the plan held: KV cells in use never exceeded the planned cache, memory stayed in the plan + 10%
     let m = &report["memory"];
     let planned = r["memory"]["planned_bytes"].as_f64().unwrap();
-    assert!(m["peak_kv_tokens"].as_f64().unwrap() <= r["plan"]["kv_tokens"].as_f64().unwrap());
-    assert!(m["peak_kv_tokens"].as_f64().unwrap() > 0.5 * r["plan"]["kv_tokens"].as_f64().unwrap(), "the load filled the cache");
+    assert!(m["peak_kv_cells"].as_f64().unwrap() <= r["plan"]["kv_cells"].as_f64().unwrap());
+    assert!(m["peak_kv_cells"].as_f64().unwrap() > 0.5 * r["plan"]["kv_cells"].as_f64().unwrap(), "the load filled the cache");
     assert!(m["peak_rss_server_bytes"].as_f64().unwrap() <= planned * 1.1, "{}", brief(&report));
     assert!(report["server"]["preemptions"].as_f64().unwrap() >= 0.0);
     // and went back to idle
-    assert_eq!(m["final_kv_tokens"], 0.0);
+    assert_eq!(m["final_kv_cells"], 0.0);
     assert_eq!(m["final_running"], 0.0);
     assert_eq!(m["final_waiting"], 0.0);
     assert!(m["final_rss_bytes"].as_f64().unwrap() <= planned * 1.1);
@@ -92,7 +92,7 @@ fn eight_variants_at_twice_capacity_never_run_out_of_memory() {
 
 #[test]
 fn the_same_load_without_admission_control_runs_out_of_kv_memory() {
-    let s = Server::start(&["--memory-budget", BUDGET, "--context", "512", "--kv-tokens", "-", "--unsafe-no-admission-control"]);
+    let s = Server::start(&["--memory-budget", BUDGET, "--context", "512", "--kv-cells", "-", "--unsafe-no-admission-control"]);
     let (code, report, _) = twice_capacity_load(&s);
     assert_eq!(code, 1, "the no-OOM check must fail when the memory plan is ignored: {}", brief(&report));
     assert!(n(&report, "oom") + n(&report, "http_5xx") > 0, "{}", brief(&report));

@@ -173,7 +173,7 @@ async fn acknowledged_events_survive_kill_9_and_are_not_counted_twice() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_experiment_capped_at_a_quarter_of_kv_holds_at_most_a_quarter() {
-    let s = Server::start(&["--kv-tokens", "1024", "--max-queue", "200"]);
+    let s = Server::start(&["--kv-cells", "1024", "--max-queue", "200"]);
     let c = client();
     let mut capped = two_identical("capped");
     capped["max_kv_share"] = json!(0.25);
@@ -211,10 +211,10 @@ async fn an_experiment_capped_at_a_quarter_of_kv_holds_at_most_a_quarter() {
     for t in flood {
         assert_eq!(t.await.unwrap(), 200);
         let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        max_seen = max_seen.max(metric(&m, "abserve_experiment_kv_tokens_used{experiment=\"capped\"}").unwrap_or(0.0));
+        max_seen = max_seen.max(metric(&m, "abserve_experiment_kv_cells_used{experiment=\"capped\"}").unwrap_or(0.0));
     }
     let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let peak = metric(&m, "abserve_experiment_kv_tokens_peak{experiment=\"capped\"}").unwrap();
+    let peak = metric(&m, "abserve_experiment_kv_cells_peak{experiment=\"capped\"}").unwrap();
     eprintln!("capped experiment: peak {peak} of 1024 KV cells (sampled max {max_seen})");
     assert!(peak > 0.0 && peak <= 256.0, "peak {peak} over 25% of 1024");
 }

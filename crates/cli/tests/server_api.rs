@@ -158,7 +158,7 @@ async fn ready_runs_a_probe_and_reports_the_plan() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["status"], "ready");
     assert!(v["probe_latency_ms"].as_f64().unwrap() > 0.0);
-    assert_eq!(v["plan"]["kv_tokens"], 4096);
+    assert_eq!(v["plan"]["kv_cells"], 4096);
     let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
     // the probe went through the engine: one generated token at least
     assert!(metric(&m, "abserve_generated_tokens_total").unwrap() >= 1.0);
@@ -175,8 +175,8 @@ async fn metrics_pass_promtool() {
         "abserve_memory_planned_bytes{component=\"weights\"}",
         "abserve_memory_planned_bytes{component=\"kv\"}",
         "abserve_memory_planned_bytes{component=\"compute\"}",
-        "abserve_kv_tokens_total",
-        "abserve_kv_tokens_used",
+        "abserve_kv_cells_total",
+        "abserve_kv_cells_used",
         "abserve_requests_running",
         "abserve_requests_waiting",
         "abserve_preemptions_total",

@@ -126,7 +126,7 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     let warm = c.post(s.url("/v1/completions")).json(&json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4})).send().await.unwrap();
     assert_eq!(warm.status(), 200);
     let idle = metrics(&c, &s).await;
-    let idle_kv = metric(&idle, "abserve_kv_tokens_used").unwrap();
+    let idle_kv = metric(&idle, "abserve_kv_cells_used").unwrap();
     let idle_rss = metric(&idle, "process_resident_memory_bytes").unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = (0..50)
@@ -170,7 +170,7 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = metrics(&c, &s).await;
-        let kv = metric(&m, "abserve_kv_tokens_used").unwrap();
+        let kv = metric(&m, "abserve_kv_cells_used").unwrap();
         let running = metric(&m, "abserve_requests_running").unwrap();
         if kv == idle_kv && running == 0.0 {
             assert!(metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap() >= limited as f64);
@@ -186,7 +186,7 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_ten_streams_frees_their_cells() {
     // 16 slots × 512 cells: all ten streams run at once
-    let s = Server::start(&["--kv-tokens", "8192"]);
+    let s = Server::start(&["--kv-cells", "8192"]);
     let c = client();
     let mut streams = vec![];
     for i in 0..10 {
@@ -207,12 +207,12 @@ async fn dropping_ten_streams_frees_their_cells() {
         }
     }
     let busy = metrics(&c, &s).await;
-    assert!(metric(&busy, "abserve_kv_tokens_used").unwrap() > 100.0);
+    assert!(metric(&busy, "abserve_kv_cells_used").unwrap() > 100.0);
     drop(streams);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = metrics(&c, &s).await;
-        if metric(&m, "abserve_kv_tokens_used").unwrap() == 0.0 {
+        if metric(&m, "abserve_kv_cells_used").unwrap() == 0.0 {
             assert!(metric(&m, "abserve_cancellations_total").unwrap() >= 10.0);
             assert_eq!(metric(&m, "abserve_requests_running").unwrap(), 0.0);
             break;

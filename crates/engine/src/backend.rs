@@ -42,9 +42,8 @@ unsafe extern "C" fn log_callback(
     let s = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     let line = s.trim_end();
     if line.contains("buffer size") {
-        if let Ok(mut v) = BUFFER_LOG.lock() {
-            v.push(line.to_string());
-        }
+        // a poisoned lock is read through (a push cannot leave the list half-written)
+        BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()).push(line.to_string());
     }
     // the unified cache is bigger than the training context by design; each sequence is held to
     // --context (checked against the training context at start-up)
@@ -86,7 +85,7 @@ fn parse_mib(line: &str) -> u64 {
 }
 
 pub fn take_buffer_log() -> LlamaBuffers {
-    let lines = std::mem::take(&mut *BUFFER_LOG.lock().unwrap());
+    let lines = std::mem::take(&mut *BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()));
     let mut b = LlamaBuffers::default();
     for l in &lines {
         let v = parse_mib(l);
@@ -181,7 +180,7 @@ impl<'m> Context<'m> {
         };
         let n_batch = plan.n_batch as u32;
         let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(plan.kv_tokens as u32))
+            .with_n_ctx(NonZeroU32::new(plan.kv_cells as u32))
             .with_n_batch(n_batch)
             .with_n_ubatch(n_batch)
             .with_n_seq_max(plan.seq_slots as u32)
@@ -198,7 +197,7 @@ impl<'m> Context<'m> {
         let ctx = model
             .inner
             .new_context(backend(), params)
-            .map_err(|_| BackendError::Context(plan.kv_tokens))?;
+            .map_err(|_| BackendError::Context(plan.kv_cells))?;
         let batch_cap = n_batch as usize;
         Ok(Context { ctx, unified: plan.kv_unified, batch: LlamaBatch::new(batch_cap, 1), batch_cap })
     }

@@ -50,7 +50,7 @@ pub struct EngineConfig {
     pub max_sequences: u64,
     pub kv_type: KvType,
     /// Cap on KV cells regardless of budget (tests keep the cache small with it).
-    pub kv_tokens_cap: Option<u64>,
+    pub kv_cells_cap: Option<u64>,
     pub threads: i32,
     /// Requests that may wait beyond the running slots before `submit` answers QueueFull.
     pub max_queue: QueueLimit,
@@ -84,7 +84,7 @@ impl EngineConfig {
             n_batch: 512,
             max_sequences: 64,
             kv_type: KvType::F16,
-            kv_tokens_cap: None,
+            kv_cells_cap: None,
             threads: std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(2),
             max_queue: QueueLimit::Unbounded,
             use_mmap: true,
@@ -112,7 +112,7 @@ impl EngineConfig {
             context: self.context,
             n_batch: self.n_batch,
             max_sequences: self.max_sequences,
-            kv_tokens_cap: self.kv_tokens_cap,
+            kv_cells_cap: self.kv_cells_cap,
             flash_attention: self.flash_attention,
             // without admission control only a unified pool can run out (a split stream always
             // holds its own sequence), and that is what the switch exists to show
@@ -241,7 +241,7 @@ impl Engine {
             let stats = stats.clone();
             let threads = cfg.threads;
             let flash_attention = cfg.flash_attention;
-            let mut sched_cfg = SchedulerConfig::new(plan.kv_tokens as usize, plan.seq_slots as usize, plan.context as usize);
+            let mut sched_cfg = SchedulerConfig::new(plan.kv_cells as usize, plan.seq_slots as usize, plan.context as usize);
             if !plan.kv_unified {
                 sched_cfg.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
             }

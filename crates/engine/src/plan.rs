@@ -2,7 +2,7 @@
 //! buffers take, made from the GGUF header alone before anything is loaded.
 //!
 //! Everything that loads a model goes through [`MemoryPlan::new`]; the engine sizes its one KV
-//! cache from `kv_tokens` and the scheduler never admits more KV demand than that, which is
+//! cache from `kv_cells` and the scheduler never admits more KV demand than that, which is
 //! what makes "out of memory" impossible by construction rather than by luck.
 
 use std::fmt;
@@ -167,7 +167,7 @@ pub struct PlanRequest {
     pub max_sequences: u64,
     /// Never allocate more KV than this many tokens even when the budget allows it
     /// (`None`: max_sequences × context).
-    pub kv_tokens_cap: Option<u64>,
+    pub kv_cells_cap: Option<u64>,
     /// llama.cpp flash attention (changes the size of the attention scratch).
     pub flash_attention: bool,
     /// One KV pool shared by every sequence (`true`) or one fixed stream of cells per sequence
@@ -188,20 +188,20 @@ pub struct MemoryPlan {
     pub margin_bytes: u64,
     pub usable_bytes: u64,
     /// KV cells (tokens over all sequences) the cache is created with.
-    pub kv_tokens: u64,
+    pub kv_cells: u64,
     pub kv_bytes: u64,
     pub context: u64,
-    /// Concurrent sequences of `context` tokens each that fit in `kv_tokens`.
-    pub max_sequences: u64,
+    /// Concurrent sequences of `context` tokens each that fit in `kv_cells`.
+    pub full_context_sequences: u64,
     /// llama.cpp's n_seq_max: how many sequences may be live at once (shorter ones can
-    /// outnumber `max_sequences`; admission is by KV cells, not by count).
+    /// outnumber `full_context_sequences`; admission is by KV cells, not by count).
     pub seq_slots: u64,
     pub n_batch: u64,
     pub flash_attention: bool,
     /// One KV pool for all sequences (unified) or one stream per slot.
     pub kv_unified: bool,
     /// Cells each slot's stream holds (split streams: `pad256(context)`, no borrowing between
-    /// slots, so `kv_tokens = seq_slots × kv_cells_per_slot`); unified: `kv_tokens`.
+    /// slots, so `kv_cells = seq_slots × kv_cells_per_slot`); unified: `kv_cells`.
     pub kv_cells_per_slot: u64,
     /// Host memory for saved prompt prefixes (split streams), taken from the budget before KV.
     pub prefix_store_bytes: u64,
@@ -216,17 +216,17 @@ pub struct MemoryPlan {
 
 /// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
 /// micro-batch, dominated by the logits rows (n_batch × n_vocab f32) and the per-layer
-/// activations; the attention scores (without flash attention a full n_batch × kv_tokens × n_head
+/// activations; the attention scores (without flash attention a full n_batch × kv_cells × n_head
 /// f32 matrix, with it a small tiled scratch); the output buffer for one logits row per
 /// sequence; and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
-pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_tokens: u64, flash_attention: bool) -> u64 {
+pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_cells: u64, flash_attention: bool) -> u64 {
     let logits_graph = n_batch * shape.n_vocab * 4;
     let ff = 4 * shape.n_embd; // typical FFN width; activations are a handful of these rows
     let activations = n_batch * (6 * shape.n_embd + 3 * ff) * 4;
     let attn = if flash_attention {
-        n_batch * shape.n_head * 4 * kv_tokens.min(4096) / 8
+        n_batch * shape.n_head * 4 * kv_cells.min(4096) / 8
     } else {
-        n_batch * shape.n_head * 4 * kv_tokens
+        n_batch * shape.n_head * 4 * kv_cells
     };
     let outputs = seq_slots.max(1) * shape.n_vocab * 4;
     let runtime = 48 << 20;
@@ -265,7 +265,7 @@ impl MemoryPlan {
         let context = req.context.max(1);
         // split streams: every slot owns pad256(context) cells (llama.cpp pads n_ctx_seq to 256)
         let per_slot = if req.kv_unified { context } else { context.div_ceil(KV_PAD) * KV_PAD };
-        let cap = req.kv_tokens_cap.unwrap_or(max_slots * per_slot);
+        let cap = req.kv_cells_cap.unwrap_or(max_slots * per_slot);
         // compute grows with the KV size (attention scores): solve
         // weights + compute(kv) + kv × per_token <= usable for the largest kv
         let fixed = compute_estimate(s, req.n_batch, max_slots, 0, req.flash_attention);
@@ -279,15 +279,15 @@ impl MemoryPlan {
                 .saturating_sub(req.weights_bytes + prefix_store_bytes + compute_estimate(s, req.n_batch, max_slots, 4096, true));
             fit = fit.max(room2 / kv_bytes_per_token.max(1));
         }
-        let (kv_tokens, seq_slots, kv_cells_per_slot, max_sequences) = if req.kv_unified {
-            let kv_tokens = (fit.min(cap) / KV_PAD) * KV_PAD;
-            (kv_tokens, max_slots, kv_tokens, (kv_tokens / context).min(max_slots))
+        let (kv_cells, seq_slots, kv_cells_per_slot, full_context_sequences) = if req.kv_unified {
+            let kv_cells = (fit.min(cap) / KV_PAD) * KV_PAD;
+            (kv_cells, max_slots, kv_cells, (kv_cells / context).min(max_slots))
         } else {
             let slots = (fit.min(cap) / per_slot).min(max_slots);
             (slots * per_slot, slots.max(1), per_slot, slots)
         };
-        let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_tokens, req.flash_attention);
-        let kv_bytes = kv_tokens * kv_bytes_per_token;
+        let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_cells, req.flash_attention);
+        let kv_bytes = kv_cells * kv_bytes_per_token;
         let min_copy = req.weights_bytes
             + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
             + per_slot * kv_bytes_per_token;
@@ -301,10 +301,10 @@ impl MemoryPlan {
             budget_bytes,
             margin_bytes,
             usable_bytes,
-            kv_tokens,
+            kv_cells,
             kv_bytes,
             context,
-            max_sequences,
+            full_context_sequences,
             seq_slots,
             n_batch: req.n_batch,
             flash_attention: req.flash_attention,
@@ -313,7 +313,7 @@ impl MemoryPlan {
             prefix_store_bytes,
             planned_bytes,
             copies_that_fit,
-            fits: max_sequences >= 1 && planned_bytes <= usable_bytes,
+            fits: full_context_sequences >= 1 && planned_bytes <= usable_bytes,
             shape: *s,
         }
     }
@@ -349,7 +349,7 @@ impl MemoryPlan {
                 "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, prefix store {}, budget {} (margin {})",
                 human_bytes(self.weights_bytes),
                 human_bytes(self.kv_bytes),
-                self.kv_tokens,
+                self.kv_cells,
                 self.kv_bytes_per_token,
                 self.kv_type,
                 human_bytes(self.compute_bytes),
@@ -360,7 +360,7 @@ impl MemoryPlan {
             if self.kv_unified {
                 format!(
                     "capacity: {} concurrent sequences of {} tokens in one unified KV cache ({} sequence slots, prefill chunk {})",
-                    self.max_sequences, self.context, self.seq_slots, self.n_batch
+                    self.full_context_sequences, self.context, self.seq_slots, self.n_batch
                 )
             } else {
                 format!(
@@ -400,7 +400,7 @@ mod tests {
             context: 4096,
             n_batch: 512,
             max_sequences: 256,
-            kv_tokens_cap: None,
+            kv_cells_cap: None,
             flash_attention: false,
             kv_unified: true,
             prefix_store: None,
@@ -434,7 +434,7 @@ mod tests {
         let p = MemoryPlan::new(&req(82_208_358_400, 96 << 30));
         assert!(p.fits);
         assert_eq!(p.copies_that_fit, 1);
-        assert!(p.max_sequences >= 1);
+        assert!(p.full_context_sequences >= 1);
         // twice the weights cannot fit at all
         let p2 = MemoryPlan::new(&req(2 * 82_208_358_400, 96 << 30));
         assert!(!p2.fits);
@@ -442,7 +442,7 @@ mod tests {
     }
 
     #[test]
-    fn kv_tokens_never_exceed_usable() {
+    fn kv_cells_never_exceed_usable() {
         for budget in [200u64 << 20, 1 << 30, 8 << 30] {
             let mut r = req(100 << 20, budget);
             r.shape.n_layer = 30;
@@ -462,7 +462,7 @@ mod tests {
             }
             if p.fits {
                 assert!(p.planned_bytes <= p.usable_bytes);
-                assert_eq!(p.kv_tokens % KV_PAD, 0);
+                assert_eq!(p.kv_cells % KV_PAD, 0);
             }
         }
     }
@@ -481,8 +481,8 @@ mod tests {
         for (budget, context, slots) in [(1u64 << 30, 1000, 64), (512 << 20, 512, 8), (600 << 20, 2048, 256), (8 << 30, 300, 16)] {
             let p = small(budget, context, slots);
             assert_eq!(p.kv_cells_per_slot, context.div_ceil(256) * 256);
-            assert_eq!(p.kv_tokens, p.seq_slots * p.kv_cells_per_slot, "{p:?}");
-            assert_eq!(p.max_sequences, p.seq_slots);
+            assert_eq!(p.kv_cells, p.seq_slots * p.kv_cells_per_slot, "{p:?}");
+            assert_eq!(p.full_context_sequences, p.seq_slots);
             assert!(p.seq_slots <= slots);
             assert!(p.fits && p.planned_bytes <= p.usable_bytes, "{p:?}");
         }

@@ -74,7 +74,7 @@ fn run_prefix(unified: bool, sharing: bool, prompts_of: impl Fn(&Engine) -> Vec<
     let cells: usize = prompts.iter().zip(&outs).map(|(p, o)| p.len() + o.tokens.len()).sum();
     let s = engine.stats();
     SharedRun {
-        peak: s.kv_tokens_peak,
+        peak: s.kv_cells_peak,
         gaps: outs.iter().map(|o| o.gaps.clone()).collect(),
         outs: outs.into_iter().map(|o| o.tokens).collect(),
         cells,
@@ -170,7 +170,7 @@ fn sixteen_requests_of_one_variant_compute_its_system_prompt_once() {
 fn eight_variants_times_sixteen_concurrent_requests_compute_each_prefix_at_most_twice() {
     let mut cfg = common::config();
     cfg.context = 256;
-    cfg.kv_tokens_cap = Some(16 * 256);
+    cfg.kv_cells_cap = Some(16 * 256);
     let engine = Engine::start(cfg).unwrap();
     assert_eq!(engine.plan().seq_slots, 16);
     let systems: Vec<Vec<i32>> = (0..8)
@@ -219,7 +219,7 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
             gone_tokens += 1;
         }
     }
-    let used_before = engine.stats().kv_tokens_used;
+    let used_before = engine.stats().kv_cells_used;
     assert!(used_before > 30, "both sequences hold cells ({used_before})");
     let steps_at_drop = engine.stats().steps;
     drop(gone);
@@ -236,9 +236,9 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
         kept_tokens += 1;
     }
     assert!(
-        s.kv_tokens_used <= keep_prompt + kept_tokens as u64 + 3,
+        s.kv_cells_used <= keep_prompt + kept_tokens as u64 + 3,
         "after the drop {} cells are used; the kept sequence accounts for about {}",
-        s.kv_tokens_used,
+        s.kv_cells_used,
         keep_prompt + kept_tokens as u64
     );
 }

@@ -15,11 +15,11 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
     let n = 32usize;
     let max_tokens = 120u32;
     // prompts of ~12..~50 tokens + 120 generated ≈ 150 cells each → 32 × 150 ≈ 4800 demand
-    cfg.kv_tokens_cap = Some(1536);
+    cfg.kv_cells_cap = Some(1536);
     cfg.kv_unified = true;
     let engine = Engine::start(cfg).unwrap();
     let plan = engine.plan().clone();
-    assert_eq!(plan.kv_tokens, 1536);
+    assert_eq!(plan.kv_cells, 1536);
     let topics = ["the sea", "a mountain", "bread", "a robot", "the moon", "a library", "winter", "a violin"];
     let prompts: Vec<Vec<i32>> = (0..n)
         .map(|i| {
@@ -28,7 +28,7 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
         })
         .collect();
     let demand: usize = prompts.iter().map(|p| p.len() + max_tokens as usize).sum();
-    assert!(demand >= 3 * plan.kv_tokens as usize, "demand {demand} must be 3× the {} cells", plan.kv_tokens);
+    assert!(demand >= 3 * plan.kv_cells as usize, "demand {demand} must be 3× the {} cells", plan.kv_cells);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
     let outs = common::run_all(&engine, &prompts, &params);
     let stats = engine.stats();
@@ -37,7 +37,7 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
     // every prompt fits at once, so the waiting is done by preempted sequences, re-queued
     let preempted_seqs = outs.iter().filter(|o| o.done.preemptions > 0).count();
     eprintln!("{preempted_seqs} of {n} sequences were preempted and waited to be recomputed");
-    assert!(stats.kv_tokens_peak <= plan.kv_tokens, "KV use {} beyond the plan's {}", stats.kv_tokens_peak, plan.kv_tokens);
+    assert!(stats.kv_cells_peak <= plan.kv_cells, "KV use {} beyond the plan's {}", stats.kv_cells_peak, plan.kv_cells);
     let peak = peak_rss();
     eprintln!(
         "peak RSS {} B vs planned {} B ({:.2}×); {} preemptions; KV peak {} of {}",
@@ -45,8 +45,8 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
         plan.planned_bytes,
         peak as f64 / plan.planned_bytes as f64,
         stats.preemptions,
-        stats.kv_tokens_peak,
-        plan.kv_tokens
+        stats.kv_cells_peak,
+        plan.kv_cells
     );
     assert!(peak as f64 <= plan.planned_bytes as f64 * 1.10, "peak RSS {peak} over plan {} + 10%", plan.planned_bytes);
     // A preempted greedy sequence continues as its uninterrupted run would. llama.cpp's CPU

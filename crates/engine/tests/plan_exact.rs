@@ -22,7 +22,7 @@ fn planned_kv_bytes_equal_llama_cpp_kv_buffer() {
         cfg.context = context;
         cfg.max_sequences = slots;
         cfg.kv_unified = unified;
-        cfg.kv_tokens_cap = cap;
+        cfg.kv_cells_cap = cap;
         let engine = Engine::start(cfg).unwrap();
         let plan = engine.plan();
         let got = engine.measured().llama.kv;
@@ -36,7 +36,7 @@ fn planned_kv_bytes_equal_llama_cpp_kv_buffer() {
             plan.kv_bytes
         );
         if !unified {
-            assert_eq!(plan.kv_tokens, plan.seq_slots * plan.kv_cells_per_slot);
+            assert_eq!(plan.kv_cells, plan.seq_slots * plan.kv_cells_per_slot);
         }
     }
 }

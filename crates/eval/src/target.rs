@@ -127,7 +127,7 @@ impl Target {
     pub async fn capacity(&self, fallback: usize) -> Capacity {
         match self {
             Target::Engine(e) => Capacity { concurrency: e.plan().seq_slots.max(1) as usize, source: "memory plan".into(), abserve: true },
-            Target::Http(h) => match h.api.ready(Duration::from_secs(30)).await.and_then(|v| v["plan"]["seq_slots"].as_u64()).filter(|n| *n > 0) {
+            Target::Http(h) => match h.api.ready(Duration::from_secs(30)).await.map(|r| r.plan.seq_slots).filter(|n| *n > 0) {
                 Some(n) => Capacity { concurrency: n as usize, source: format!("{}/ready", h.api.base()), abserve: true },
                 None => Capacity { concurrency: fallback.max(1), source: "-j".into(), abserve: false },
             },

@@ -254,7 +254,7 @@ async fn settle(scraper: &Scraper, settle: Duration, samples: &Arc<Mutex<Vec<Sam
         let m = scraper.fetch().await;
         let idle = m.as_ref().is_some_and(|m| {
             let s = Scraper::sample(m, 0.0);
-            s.kv_tokens_used == 0.0 && s.running == 0.0 && s.waiting == 0.0
+            s.kv_cells_used == 0.0 && s.running == 0.0 && s.waiting == 0.0
         });
         if idle || Instant::now() >= until {
             if let Some(m) = &m {

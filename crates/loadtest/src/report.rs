@@ -41,11 +41,11 @@ pub struct Memory {
     /// The server's own high-water mark (VmHWM), which sampling cannot miss.
     pub peak_rss_server_bytes: Option<f64>,
     pub final_rss_bytes: f64,
-    pub peak_kv_tokens: f64,
-    pub final_kv_tokens: f64,
+    pub peak_kv_cells: f64,
+    pub final_kv_cells: f64,
     pub final_running: f64,
     pub final_waiting: f64,
-    pub kv_tokens_total: Option<f64>,
+    pub kv_cells_total: Option<f64>,
     pub planned_bytes: Option<f64>,
     pub budget_bytes: Option<f64>,
     pub samples: Vec<Sample>,
@@ -123,11 +123,11 @@ impl Report {
                 peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
                 peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
                 final_rss_bytes: last.rss_bytes,
-                peak_kv_tokens: samples.iter().map(|s| s.kv_tokens_used).fold(0.0, f64::max),
-                final_kv_tokens: last.kv_tokens_used,
+                peak_kv_cells: samples.iter().map(|s| s.kv_cells_used).fold(0.0, f64::max),
+                final_kv_cells: last.kv_cells_used,
                 final_running: last.running,
                 final_waiting: last.waiting,
-                kv_tokens_total: a.get(names::KV_TOKENS_TOTAL),
+                kv_cells_total: a.get(names::KV_CELLS_TOTAL),
                 // every component: weights, KV, compute buffers and the prefix store
                 planned_bytes: Some(a.sum(names::MEMORY_PLANNED)).filter(|b| *b > 0.0),
                 budget_bytes: a.get(names::MEMORY_BUDGET),
@@ -221,7 +221,7 @@ impl Report {
             ]);
             t.add_row(vec![
                 "KV cells".into(),
-                format!("peak {:.0}, final {:.0} of {}", m.peak_kv_tokens, m.final_kv_tokens, m.kv_tokens_total.map(|k| format!("{k:.0}")).unwrap_or("?".into())),
+                format!("peak {:.0}, final {:.0} of {}", m.peak_kv_cells, m.final_kv_cells, m.kv_cells_total.map(|k| format!("{k:.0}")).unwrap_or("?".into())),
             ]);
         }
         if let Some(s) = &self.server {

@@ -12,7 +12,7 @@ use serde::Serialize;
 pub struct Sample {
     pub t: f64,
     pub rss_bytes: f64,
-    pub kv_tokens_used: f64,
+    pub kv_cells_used: f64,
     pub running: f64,
     pub waiting: f64,
 }
@@ -36,7 +36,7 @@ impl Scraper {
         Sample {
             t,
             rss_bytes: m.or_zero(names::PROCESS_RESIDENT_MEMORY),
-            kv_tokens_used: m.or_zero(names::KV_TOKENS_USED),
+            kv_cells_used: m.or_zero(names::KV_CELLS_USED),
             running: m.or_zero(names::REQUESTS_RUNNING),
             waiting: m.or_zero(names::REQUESTS_WAITING),
         }

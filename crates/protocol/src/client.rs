@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde_json::Value;
 
+use crate::abserve::Ready;
 use crate::prometheus::{parse, Samples};
 use crate::sse::{SseDecoder, SseEvent};
 use crate::wire::{ChatRequest, Chunk, ErrorBody, ModelList, Response, StreamOptions, Usage};
@@ -140,9 +140,9 @@ impl Client {
         Some(parse(&r.text().await.ok()?))
     }
 
-    /// `GET /ready` as JSON (abserve's memory plan is under `plan`); `None` when not abserve or
-    /// not reachable within `timeout`.
-    pub async fn ready(&self, timeout: Duration) -> Option<Value> {
+    /// `GET /ready` (abserve's memory plan is under `plan`); `None` when not abserve, not
+    /// ready, or not reachable within `timeout`.
+    pub async fn ready(&self, timeout: Duration) -> Option<Ready> {
         let r = self.get("/ready").timeout(timeout).send().await.ok()?;
         r.json().await.ok()
     }

@@ -5,7 +5,8 @@
 //! - [`client`]: one HTTP client for OpenAI-compatible endpoints (base URL normalisation,
 //!   model discovery, bearer auth, `Retry-After`, streamed chat with per-chunk timing);
 //! - [`prometheus`]: one parser of the Prometheus text format;
-//! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read.
+//! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read;
+//! - [`abserve`]: abserve's own bodies (`/ready`, fan-out).
 //!
 //! No dependency on other abserve crates: the server, eval and loadtest all depend on this one.
 
@@ -13,6 +14,7 @@ mod client;
 mod prometheus;
 mod sse;
 
+pub mod abserve;
 pub mod names;
 pub mod wire;
 

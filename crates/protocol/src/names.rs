@@ -11,13 +11,13 @@ pub const MEMORY_BUDGET: &str = "abserve_memory_budget_bytes";
 pub const MEMORY_PLANNED: &str = "abserve_memory_planned_bytes";
 pub const MEMORY_PEAK_RESIDENT: &str = "abserve_memory_peak_resident_bytes";
 
-pub const KV_TOKENS_TOTAL: &str = "abserve_kv_tokens_total";
-pub const KV_TOKENS_USED: &str = "abserve_kv_tokens_used";
-pub const KV_TOKENS_CACHED: &str = "abserve_kv_tokens_cached";
+pub const KV_CELLS_TOTAL: &str = "abserve_kv_cells_total";
+pub const KV_CELLS_USED: &str = "abserve_kv_cells_used";
+pub const KV_CELLS_CACHED: &str = "abserve_kv_cells_cached";
 pub const KV_SLOTS: &str = "abserve_kv_slots";
 pub const KV_CELLS_PER_SLOT: &str = "abserve_kv_cells_per_slot";
 pub const KV_UNIFIED: &str = "abserve_kv_unified";
-pub const MAX_SEQUENCES: &str = "abserve_max_sequences";
+pub const FULL_CONTEXT_SEQUENCES: &str = "abserve_full_context_sequences";
 
 /// Labels `endpoint`, `status`.
 pub const REQUESTS: &str = "abserve_requests_total";
@@ -40,9 +40,9 @@ pub const PREFIX_STORE_BYTES: &str = "abserve_prefix_store_bytes";
 pub const PREFIX_STORE_ENTRIES: &str = "abserve_prefix_store_entries";
 
 /// Label `experiment`.
-pub const EXPERIMENT_KV_TOKENS_USED: &str = "abserve_experiment_kv_tokens_used";
+pub const EXPERIMENT_KV_CELLS_USED: &str = "abserve_experiment_kv_cells_used";
 /// Label `experiment`.
-pub const EXPERIMENT_KV_TOKENS_PEAK: &str = "abserve_experiment_kv_tokens_peak";
+pub const EXPERIMENT_KV_CELLS_PEAK: &str = "abserve_experiment_kv_cells_peak";
 
 // histograms (the text format adds _bucket, _sum and _count)
 pub const TIME_TO_FIRST_TOKEN: &str = "abserve_time_to_first_token_seconds";

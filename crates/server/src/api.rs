@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use abserve_engine::{Completion, Request, SamplingParams};
+use abserve_engine::{Request, SamplingParams};
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList, Prompt};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -12,9 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::error::ApiError;
-use crate::experiments::{apply_variant, route, variant_messages, Routed};
+use crate::experiments::{apply_variant, route, variant_messages};
+use crate::job::{fit_context, Job, Kind, Routed};
 use crate::openai::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
-use crate::respond::{collect_response, now_secs, stream_response, Kind};
+use crate::respond::{collect_response, now_secs, stream_response};
 use crate::state::AppState;
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
@@ -25,17 +26,6 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiEr
     }
 }
 
-/// Tokenized prompts plus sampling parameters, checked against the context.
-pub(crate) struct Job {
-    pub prompts: Vec<Vec<i32>>,
-    pub params: SamplingParams,
-    pub model: String,
-    pub stream: bool,
-    pub include_usage: bool,
-    pub kind: Kind,
-    pub routed: Option<Routed>,
-}
-
 /// `experiment:<name>` models are routed through the A/B layer.
 fn experiment_name(model: &Option<String>) -> Option<&str> {
     model.as_deref().and_then(|m| m.strip_prefix("experiment:"))
@@ -43,38 +33,6 @@ fn experiment_name(model: &Option<String>) -> Option<&str> {
 
 fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string).filter(|s| !s.is_empty())
-}
-
-pub(crate) fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
-    let ctx = state.engine.plan().context as usize;
-    let limit = state.config.max_prompt_tokens.min(ctx - 1);
-    if prompt.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
-    }
-    if prompt.len() > limit {
-        return Err(ApiError::invalid_param(
-            "messages",
-            format!(
-                "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
-                prompt.len()
-            ),
-        ));
-    }
-    let room = ctx - prompt.len();
-    if !explicit_max {
-        params.max_tokens = params.max_tokens.min(room as u32);
-    } else if params.max_tokens as usize > room {
-        return Err(ApiError::invalid_param(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Reduce the prompt or max_tokens.",
-                prompt.len() + params.max_tokens as usize,
-                prompt.len(),
-                params.max_tokens
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// The unit an experiment assigns by: the request's value of the experiment's `hash_attribute`
@@ -246,20 +204,5 @@ async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
         h.insert("x-abserve-variant", HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("?")));
     }
     Ok(resp)
-}
-
-/// Records the exposure of a routed request (committed before the response goes out).
-pub(crate) async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
-    let (Some(ab), true) = (state.ab.as_ref(), routed.record) else { return Ok(()) };
-    let x = abserve_ab::Exposure {
-        variant: routed.variant.clone(),
-        unit: routed.unit.clone().unwrap_or_default(),
-        forced: routed.forced,
-        latency_ms: d.map(|d| d.total_time.as_secs_f64() * 1e3),
-        ttft_ms: d.map(|d| d.time_to_first_token.as_secs_f64() * 1e3),
-        output_tokens: d.map(|d| d.completion_tokens as u64),
-        error,
-    };
-    ab.record_exposure(routed.experiment.clone(), x).await
 }
 

@@ -2,16 +2,15 @@
 //! fan-out of one input to every variant, outcome events and results. Storage is SQLite
 //! (`abserve_ab::store`); every 2xx that records something was committed before it was sent.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use abserve_ab::assign;
 use abserve_ab::{Experiment, Status, Variant};
 use abserve_ab::Message;
-use abserve_ab::{Exposure, OutcomeEvent, Store};
+use abserve_ab::OutcomeEvent;
 use abserve_engine::ChatMessage;
 use abserve_engine::{Request, SamplingParams};
+use abserve_protocol::abserve::{Fanout, FanoutResult};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
@@ -20,48 +19,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::abstate::AbState;
 use crate::error::ApiError;
+use crate::job::{fit_context, Routed};
 use crate::state::AppState;
-
-pub struct AbState {
-    store: Arc<Mutex<Store>>,
-    experiments: RwLock<BTreeMap<String, Experiment>>,
-}
-
-impl AbState {
-    /// Opens the store and loads the experiments file (its definitions replace stored ones).
-    pub fn open(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<AbState> {
-        let store = Store::open(data_dir)?;
-        if let Some(f) = file {
-            let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
-            for e in abserve_ab::parse_file(&text)? {
-                store.put_experiment(&e)?;
-            }
-        }
-        let experiments = store.experiments()?.into_iter().map(|e| (e.name.clone(), e)).collect();
-        Ok(AbState { store: Arc::new(Mutex::new(store)), experiments: RwLock::new(experiments) })
-    }
-
-    pub fn get(&self, name: &str) -> Option<Experiment> {
-        self.experiments.read().unwrap().get(name).cloned()
-    }
-
-    /// Runs a store operation off the async threads.
-    async fn with_store<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Store) -> Result<T, abserve_ab::StoreError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap()))
-            .await
-            .map_err(|e| ApiError::internal(format!("storage task failed: {e}")))?
-            .map_err(|e| ApiError::internal(e.to_string()))
-    }
-
-    pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
-        self.with_store(move |s| s.record_exposure(&experiment, &x)).await
-    }
-}
 
 fn ab(state: &AppState) -> Result<&AbState, ApiError> {
     state.ab.as_ref().ok_or_else(|| ApiError::not_found("Experiments are not enabled on this server."))
@@ -79,7 +40,7 @@ fn parse_experiment(body: &[u8]) -> Result<Experiment, ApiError> {
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
-    let all: Vec<Experiment> = ab.experiments.read().unwrap().values().cloned().collect();
+    let all = ab.list();
     Ok(Json(json!({"object": "list", "data": all})).into_response())
 }
 
@@ -94,7 +55,7 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         err.status = StatusCode::CONFLICT;
         return Err(err);
     }
-    ab.experiments.write().unwrap_or_else(|p| p.into_inner()).insert(e.name.clone(), e.clone());
+    ab.insert(e.clone());
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
@@ -110,7 +71,7 @@ pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
     }
     let stored = e.clone();
     ab.with_store(move |s| s.put_experiment(&stored)).await?;
-    ab.experiments.write().unwrap().insert(name, e.clone());
+    ab.insert(e.clone());
     Ok(Json(e).into_response())
 }
 
@@ -119,7 +80,7 @@ pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     find(&state, &name)?;
     let n = name.clone();
     ab.with_store(move |s| s.delete_experiment(&n)).await?;
-    ab.experiments.write().unwrap().remove(&name);
+    ab.remove(&name);
     Ok(Json(json!({"id": name, "object": "experiment", "deleted": true})).into_response())
 }
 
@@ -157,18 +118,6 @@ pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<
     let e = find(&state, &name)?;
     let r = ab.with_store(move |s| s.results(&e)).await?;
     Ok(Json(r).into_response())
-}
-
-/// What a routed request turned into.
-#[derive(Debug, Clone)]
-pub struct Routed {
-    pub experiment: String,
-    pub variant: String,
-    pub unit: Option<String>,
-    pub forced: bool,
-    /// An exposure is recorded (the unit is in a running experiment and not forced... or forced, flagged).
-    pub record: bool,
-    pub kv_share: Option<f64>,
 }
 
 /// Applies a variant's parameters over the request's: what the variant sets wins.
@@ -254,7 +203,7 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
         let mut explicit = false;
         apply_variant(v, &mut params, &mut explicit);
         // a fan-out clamps max_tokens to the room the context leaves
-        crate::api::fit_context(&state, &prompt, &mut params, false)?;
+        fit_context(&state, &prompt, &mut params, false)?;
         jobs.push(Request { prompt, params, group: Some(e.name.clone()), priority: false, kv_share: e.max_kv_share });
     }
     // submit all before awaiting any, so they enter the engine together
@@ -266,29 +215,32 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     let mut results = vec![];
     let mut orders = vec![];
     for (v, o) in e.variants.iter().zip(outs) {
+        let mut r = FanoutResult { variant: v.id.clone(), ..Default::default() };
         match o {
             Ok(o) => {
                 let d = &o.completion;
                 orders.push(o.admission_order.unwrap_or(u64::MAX));
-                results.push(json!({
-                    "variant": v.id, "output": o.text, "prompt_tokens": d.prompt_tokens,
-                    "completion_tokens": d.completion_tokens, "shared_prompt_tokens": d.shared_prompt_tokens,
-                    "ttft_ms": d.time_to_first_token.as_secs_f64() * 1e3, "latency_ms": d.total_time.as_secs_f64() * 1e3,
-                    "finish_reason": d.finish_reason.as_str(), "error": null,
-                }))
+                r.output = Some(o.text);
+                r.prompt_tokens = Some(d.prompt_tokens as u64);
+                r.completion_tokens = Some(d.completion_tokens as u64);
+                r.shared_prompt_tokens = Some(d.shared_prompt_tokens as u64);
+                r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
+                r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
+                r.finish_reason = Some(d.finish_reason.as_str().into());
             }
             Err(err) => {
                 orders.push(u64::MAX);
-                results.push(json!({"variant": v.id, "output": null, "error": err.to_string()}))
+                r.error = Some(err.to_string());
             }
         }
+        results.push(r);
     }
     // admission rank of each variant (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
     idx.sort_by_key(|&i| orders[i]);
     for (rank, &i) in idx.iter().enumerate() {
-        results[i]["admission_rank"] = json!(rank);
+        results[i].admission_rank = rank;
     }
-    Ok(Json(json!({"experiment": e.name, "input": b.input, "results": results})).into_response())
+    Ok(Json(Fanout { experiment: e.name, input: b.input, results }).into_response())
 }
 

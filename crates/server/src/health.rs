@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use abserve_engine::plan::current_rss;
 use abserve_engine::{Request, SamplingParams};
+use abserve_protocol::abserve::{Ready, ReadyMemory, ReadyPlan};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +25,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
+async fn probe(state: &AppState) -> Result<Ready, String> {
     if state.is_shutting_down() {
         return Err("shutting down".into());
     }
@@ -45,29 +46,24 @@ async fn probe(state: &AppState) -> Result<serde_json::Value, String> {
     let rss = current_rss();
     let limit = plan.budget_bytes;
     let s = state.engine.stats();
-    let body = json!({
-        "status": "ready",
-        "model": state.config.model_id,
-        "probe_latency_ms": latency.as_secs_f64() * 1e3,
-        "memory": {
-            "rss_bytes": rss,
-            "budget_bytes": plan.budget_bytes,
-            "planned_bytes": plan.planned_bytes,
-            "margin_bytes": plan.margin_bytes,
+    let body = Ready {
+        status: "ready".into(),
+        model: state.config.model_id.clone(),
+        probe_latency_ms: latency.as_secs_f64() * 1e3,
+        memory: ReadyMemory { rss_bytes: rss, budget_bytes: plan.budget_bytes, planned_bytes: plan.planned_bytes, margin_bytes: plan.margin_bytes },
+        plan: ReadyPlan {
+            kv_cells: plan.kv_cells,
+            context: plan.context,
+            full_context_sequences: plan.full_context_sequences,
+            seq_slots: plan.seq_slots,
+            kv_cells_per_slot: plan.kv_cells_per_slot,
+            kv_unified: plan.kv_unified,
         },
-        "plan": {
-            "kv_tokens": plan.kv_tokens,
-            "context": plan.context,
-            "max_sequences": plan.max_sequences,
-            "seq_slots": plan.seq_slots,
-            "kv_cells_per_slot": plan.kv_cells_per_slot,
-            "kv_unified": plan.kv_unified,
-        },
-        "kv_tokens_used": s.kv_tokens_used,
-        "running": s.running,
-        "waiting": s.waiting,
-        "max_queue": state.engine.max_queue(),
-    });
+        kv_cells_used: s.kv_cells_used,
+        running: s.running,
+        waiting: s.waiting,
+        max_queue: state.engine.max_queue() as u64,
+    };
     if rss > limit {
         return Err(format!("resident memory {rss} B is above the budget {limit} B"));
     }

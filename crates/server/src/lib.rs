@@ -5,12 +5,14 @@
 //! variant (`experiments`) → admission (`state`) → the engine → a whole or streamed response
 //! (`api`) → the exposure. See docs/architecture.md.
 
+mod abstate;
 mod api;
 mod auth;
 mod backend;
 mod error;
 mod experiments;
 mod health;
+mod job;
 mod metrics;
 mod openai;
 mod respond;
@@ -23,7 +25,7 @@ mod tests;
 
 pub use backend::Backend;
 pub use error::ApiError;
-pub use experiments::AbState;
+pub use abstate::AbState;
 pub use metrics::Metrics;
 pub use routes::router;
 pub use serve::serve;

@@ -20,7 +20,7 @@ pub struct Metrics {
     pub request_duration: Histogram,
     pub time_per_output_token: Histogram,
     pub engine_step: Histogram,
-    kv_tokens_used: IntGauge,
+    kv_cells_used: IntGauge,
     running: IntGauge,
     waiting: IntGauge,
     preemptions: IntCounter,
@@ -30,7 +30,7 @@ pub struct Metrics {
     experiment_kv: IntGaugeVec,
     experiment_kv_peak: IntGaugeVec,
     peak_resident: IntGauge,
-    kv_tokens_cached: IntGauge,
+    kv_cells_cached: IntGauge,
     prompt_tokens_computed: IntCounter,
     prompt_tokens_reused: IntCounter,
     prefix_copies: IntCounter,
@@ -89,8 +89,8 @@ fn register_plan(reg: &Reg, plan: &MemoryPlan) -> prometheus::Result<()> {
         planned.with_label_values(&[c]).set(v as i64);
     }
     // a constant, typed as a counter because Prometheus reserves the _total suffix for them
-    reg.counter(names::KV_TOKENS_TOTAL, "KV cache cells (tokens) the plan allocated; constant")?.inc_by(plan.kv_tokens);
-    reg.constant(names::MAX_SEQUENCES, "Concurrent sequences of the full context that fit", plan.max_sequences)?;
+    reg.counter(names::KV_CELLS_TOTAL, "KV cache cells (tokens) the plan allocated; constant")?.inc_by(plan.kv_cells);
+    reg.constant(names::FULL_CONTEXT_SEQUENCES, "Concurrent sequences of the full context that fit", plan.full_context_sequences)?;
     reg.constant(names::KV_SLOTS, "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each", plan.seq_slots)?;
     reg.constant(
         names::KV_CELLS_PER_SLOT,
@@ -113,15 +113,15 @@ impl Metrics {
         let m = Metrics {
             requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
             rejections_total,
-            experiment_kv: reg.gauges(names::EXPERIMENT_KV_TOKENS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
+            experiment_kv: reg.gauges(names::EXPERIMENT_KV_CELLS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
             experiment_kv_peak: reg.gauges(
-                names::EXPERIMENT_KV_TOKENS_PEAK,
+                names::EXPERIMENT_KV_CELLS_PEAK,
                 "Most KV cells an experiment's running sequences held at once",
                 "experiment",
             )?,
-            kv_tokens_used: reg.gauge(names::KV_TOKENS_USED, "KV cache cells in use")?,
+            kv_cells_used: reg.gauge(names::KV_CELLS_USED, "KV cache cells in use")?,
             peak_resident: reg.gauge(names::MEMORY_PEAK_RESIDENT, "Most resident memory the process has held (VmHWM)")?,
-            kv_tokens_cached: reg.gauge(names::KV_TOKENS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)")?,
+            kv_cells_cached: reg.gauge(names::KV_CELLS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)")?,
             running: reg.gauge(names::REQUESTS_RUNNING, "Sequences in the running batch")?,
             waiting: reg.gauge(names::REQUESTS_WAITING, "Sequences waiting for admission")?,
             preemptions: reg.counter(names::PREEMPTIONS, "Sequences preempted to free KV cells")?,
@@ -171,8 +171,8 @@ impl Metrics {
     pub fn render(&self) -> prometheus::Result<String> {
         let s = self.stats.snapshot();
         self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
-        self.kv_tokens_used.set(s.kv_tokens_used as i64);
-        self.kv_tokens_cached.set(s.kv_tokens_cached as i64);
+        self.kv_cells_used.set(s.kv_cells_used as i64);
+        self.kv_cells_cached.set(s.kv_cells_cached as i64);
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);
         let bump = |c: &IntCounter, v: u64| {

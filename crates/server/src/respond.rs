@@ -19,17 +19,9 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::api::{expose, Job};
 use crate::error::ApiError;
-use crate::experiments::Routed;
+use crate::job::{expose, Job, Kind, Routed};
 use crate::state::AppState;
-
-/// Which endpoint answers: chat (`message`/`delta`) or completions (`text`).
-#[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Kind {
-    Chat,
-    Text,
-}
 
 impl Kind {
     fn id(self) -> String {

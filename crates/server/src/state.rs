@@ -33,13 +33,13 @@ pub struct AppState {
     pub started: Instant,
     /// Requests completed per second, smoothed (×1000), for Retry-After.
     drain_rate_milli: AtomicU64,
-    pub ready: tokio::sync::Mutex<Option<(Instant, Result<serde_json::Value, String>)>>,
+    pub ready: tokio::sync::Mutex<Option<(Instant, Result<abserve_protocol::abserve::Ready, String>)>>,
     /// The A/B layer, when the server was started with a data directory.
-    pub ab: Option<crate::experiments::AbState>,
+    pub ab: Option<crate::abstate::AbState>,
 }
 
 impl AppState {
-    pub fn new(engine: impl Backend, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::experiments::AbState>) -> Arc<Self> {
+    pub fn new(engine: impl Backend, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::abstate::AbState>) -> Arc<Self> {
         Arc::new(AppState {
             engine: Box::new(engine),
             metrics,

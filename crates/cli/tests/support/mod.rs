@@ -80,7 +80,7 @@ impl Server {
             ("--threads", "2".to_string()),
             ("--memory-budget", "1GiB".to_string()),
             ("--context", "512".to_string()),
-            ("--kv-tokens", "4096".to_string()),
+            ("--kv-cells", "4096".to_string()),
         ];
         let mut args = vec!["serve".to_string()];
         for (flag, value) in defaults {

@@ -69,7 +69,7 @@ impl Scheduler {
 
     /// Cells a KV share allows.
     pub(super) fn quota_cells(&self, share: f64) -> usize {
-        (share * self.cfg.kv_tokens as f64) as usize
+        (share * self.cfg.kv_cells as f64) as usize
     }
 
     /// Longest prefix of `tokens` that a cached slot or a running sequence holds or will hold
@@ -139,7 +139,7 @@ impl Scheduler {
             if self.cfg.is_unified() {
                 let need = cand.tokens.len() - shared;
                 let watermark = self.running.len();
-                if self.demand() + need + watermark > self.cfg.kv_tokens {
+                if self.demand() + need + watermark > self.cfg.kv_cells {
                     // cached prefixes give way first: the others, then the one this request would use
                     let keep = match source {
                         Some((Source::Cached { id }, _)) => Some(id),

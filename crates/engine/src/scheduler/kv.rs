@@ -6,9 +6,9 @@
 //!   sequence never exceeds its context, so it always fits its own stream and memory is decided
 //!   by the slot count alone. Giving a prefix to another slot copies it (llama.cpp copies the
 //!   whole stream, the scheduler then cuts it back), so copied positions are new cells.
-//! - **unified**: one pool of `kv_tokens` cells; a shared prefix is the same cells with a second
+//! - **unified**: one pool of `kv_cells` cells; a shared prefix is the same cells with a second
 //!   sequence id (reference-counted here), and admission/preemption keep
-//!   `used cells + cells still to fill <= kv_tokens`.
+//!   `used cells + cells still to fill <= kv_cells`.
 //!
 //! Invariant checked by the tests after every step: `CellTable::used()` equals the number of
 //! cells llama.cpp (or the fake model) holds.

@@ -7,7 +7,7 @@
 //! KV accounting is exact and independent of llama.cpp (`kv.rs`): every position of every
 //! sequence names the cell that holds it. With split streams (the default) every slot owns a
 //! fixed stream of cells and a sequence never outgrows it; with a unified cache the scheduler
-//! keeps `used cells + cells still to be filled by admitted sequences <= kv_tokens`. Either way
+//! keeps `used cells + cells still to be filled by admitted sequences <= kv_cells`. Either way
 //! it never asks llama.cpp for more KV than the memory plan sized.
 //!
 //! Prompt reuse: a request takes the longest computed prefix of its prompt from a finished
@@ -62,12 +62,12 @@ pub trait Compute {
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    pub kv_tokens: usize,
+    pub kv_cells: usize,
     pub seq_slots: usize,
     /// Per-sequence context: prompt + generated tokens never exceed it.
     pub context: usize,
     /// `Some(cells)`: one KV stream of that many cells per slot (llama.cpp `kv_unified = false`);
-    /// `None`: one unified pool of `kv_tokens` cells.
+    /// `None`: one unified pool of `kv_cells` cells.
     pub cells_per_slot: Option<usize>,
     /// Shortest common prefix worth reusing (`usize::MAX`: no reuse).
     pub min_shared_prefix: usize,
@@ -85,10 +85,10 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// A unified cache of `kv_tokens` cells shared by up to `seq_slots` sequences.
-    pub fn new(kv_tokens: usize, seq_slots: usize, context: usize) -> Self {
+    /// A unified cache of `kv_cells` cells shared by up to `seq_slots` sequences.
+    pub fn new(kv_cells: usize, seq_slots: usize, context: usize) -> Self {
         SchedulerConfig {
-            kv_tokens,
+            kv_cells,
             seq_slots,
             context,
             cells_per_slot: None,
@@ -141,7 +141,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, stats: Arc<EngineStats>) -> Self {
-        stats.kv_tokens_total.store(cfg.kv_tokens as u64, Ordering::Relaxed);
+        stats.kv_cells_total.store(cfg.kv_cells as u64, Ordering::Relaxed);
         let store = PrefixStore::new(if cfg.is_unified() { 0 } else { cfg.prefix_store_bytes });
         Scheduler {
             store,
@@ -253,9 +253,9 @@ impl Scheduler {
             }
         }
         let used = self.active_cells() as u64;
-        self.stats.kv_tokens_used.store(used, Ordering::Relaxed);
-        self.stats.kv_tokens_cached.store(self.cells.used() as u64 - used, Ordering::Relaxed);
-        self.stats.kv_tokens_peak.fetch_max(used, Ordering::Relaxed);
+        self.stats.kv_cells_used.store(used, Ordering::Relaxed);
+        self.stats.kv_cells_cached.store(self.cells.used() as u64 - used, Ordering::Relaxed);
+        self.stats.kv_cells_peak.fetch_max(used, Ordering::Relaxed);
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
     }
@@ -453,7 +453,7 @@ impl Scheduler {
         if !self.cfg.admission_control {
             return;
         }
-        while self.cfg.is_unified() && self.demand() > self.cfg.kv_tokens {
+        while self.cfg.is_unified() && self.demand() > self.cfg.kv_cells {
             // cached prefixes give way before running sequences do
             if self.evict_lru(be, None) {
                 continue;

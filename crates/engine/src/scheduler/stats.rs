@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 pub struct EngineStats {
-    pub(crate) kv_tokens_total: AtomicU64,
-    pub(crate) kv_tokens_used: AtomicU64,
+    pub(crate) kv_cells_total: AtomicU64,
+    pub(crate) kv_cells_used: AtomicU64,
     pub(crate) running: AtomicU64,
     pub(crate) waiting: AtomicU64,
     pub(crate) preemptions: AtomicU64,
@@ -31,11 +31,11 @@ pub struct EngineStats {
     pub(crate) last_step_micros: AtomicU64,
     pub(crate) completed: AtomicU64,
     /// Largest number of cells ever in use by running sequences.
-    pub(crate) kv_tokens_peak: AtomicU64,
+    pub(crate) kv_cells_peak: AtomicU64,
     /// Requests submitted and not yet finished (queued in the channel, waiting or running).
     pub(crate) inflight: AtomicU64,
     /// Cells held only by cached prefixes of finished sequences (free on demand).
-    pub(crate) kv_tokens_cached: AtomicU64,
+    pub(crate) kv_cells_cached: AtomicU64,
     /// Host-memory prefix store: bytes and entries held, restores made.
     pub(crate) prefix_store_bytes: AtomicU64,
     pub(crate) prefix_store_entries: AtomicU64,
@@ -50,10 +50,10 @@ impl EngineStats {
     pub fn snapshot(&self) -> StatsSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
-            kv_tokens_total: l(&self.kv_tokens_total),
-            kv_tokens_used: l(&self.kv_tokens_used),
-            kv_tokens_peak: l(&self.kv_tokens_peak),
-            kv_tokens_cached: l(&self.kv_tokens_cached),
+            kv_cells_total: l(&self.kv_cells_total),
+            kv_cells_used: l(&self.kv_cells_used),
+            kv_cells_peak: l(&self.kv_cells_peak),
+            kv_cells_cached: l(&self.kv_cells_cached),
             running: l(&self.running),
             waiting: l(&self.waiting),
             preemptions: l(&self.preemptions),
@@ -91,10 +91,10 @@ impl EngineStats {
 
 #[derive(Debug, Clone, Copy, serde::Serialize, PartialEq, Eq)]
 pub struct StatsSnapshot {
-    pub kv_tokens_total: u64,
-    pub kv_tokens_used: u64,
-    pub kv_tokens_peak: u64,
-    pub kv_tokens_cached: u64,
+    pub kv_cells_total: u64,
+    pub kv_cells_used: u64,
+    pub kv_cells_peak: u64,
+    pub kv_cells_cached: u64,
     pub running: u64,
     pub waiting: u64,
     pub preemptions: u64,

@@ -21,7 +21,7 @@ pub fn config() -> EngineConfig {
     let mut c = EngineConfig::new(model_path());
     c.budget = Budget::Bytes(1 << 30);
     c.context = 1024;
-    c.kv_tokens_cap = Some(8192);
+    c.kv_cells_cap = Some(8192);
     c.threads = 2;
     c
 }

@@ -50,7 +50,7 @@ impl Fake {
             context: CONTEXT,
             n_batch: 64,
             max_sequences: 4,
-            kv_tokens_cap: None,
+            kv_cells_cap: None,
             flash_attention: false,
             kv_unified: false,
             prefix_store: Some(0),

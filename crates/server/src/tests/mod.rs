@@ -334,3 +334,24 @@ async fn streamed_and_whole_answers_record_the_same_exposure_fields() {
     let (_, n, mean) = m.iter().find(|x| x.0 == "error").unwrap();
     assert_eq!((*n, *mean), (4, 0.5), "two of four exposures failed");
 }
+
+#[tokio::test]
+async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_variant() {
+    let a = app(Some(EXPERIMENT));
+    let (s, _, bytes) = a.call("GET", "/ready", None, &[]).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    let r: abserve_protocol::abserve::Ready = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((r.status.as_str(), r.model.as_str()), ("ready", "fake"));
+    assert_eq!((r.plan.context, r.plan.seq_slots, r.max_queue), (fake::CONTEXT, 4, 8));
+    let probe = a.ctl.submitted.lock().unwrap().pop().unwrap();
+    assert!(probe.priority && probe.params.max_tokens == 1, "a real 1-token generation in the priority lane");
+
+    let (s, _, bytes) = a.post("/v1/experiments/greet/fanout", json!({"input": "hi"})).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    let f: abserve_protocol::abserve::Fanout = serde_json::from_slice(&bytes).unwrap();
+    let outs: Vec<(&str, Option<&str>)> = f.results.iter().map(|r| (r.variant.as_str(), r.output.as_deref())).collect();
+    assert_eq!(outs, [("a", Some("he")), ("b", Some("hello world"))]);
+    let mut ranks: Vec<usize> = f.results.iter().map(|r| r.admission_rank).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1]);
+}

@@ -290,7 +290,7 @@ fn run(s: &mut Scheduler, f: &mut Fake) {
     let mut guard = 0;
     while !s.is_idle() {
         s.step(f);
-        assert!(s.used_cells() <= s.cfg.kv_tokens, "accounting exceeded the cache");
+        assert!(s.used_cells() <= s.cfg.kv_cells, "accounting exceeded the cache");
         assert_eq!(s.used_cells(), f.used(), "accounting disagrees with the cache");
         guard += 1;
         assert!(guard < 100_000, "scheduler did not finish");

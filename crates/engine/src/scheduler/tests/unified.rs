@@ -41,7 +41,7 @@ fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
     assert_eq!(drain(&mut first).0, solo(&with(&[7, 8, 9]), 6));
     assert_eq!(s.cached_prefixes(), 1);
     assert_eq!(s.active_cells(), 0, "a cached prefix is not counted as in use");
-    assert_eq!(s.stats.kv_tokens_cached.load(Ordering::Relaxed), 40 + 3 + 5);
+    assert_eq!(s.stats.kv_cells_cached.load(Ordering::Relaxed), 40 + 3 + 5);
     // a later request with the same system prompt computes only what differs
     let p2 = with(&[11, 12]);
     let mut second = submit(&mut s, p2.clone(), 6, "v1");

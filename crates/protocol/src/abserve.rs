@@ -1,0 +1,69 @@
+//! abserve's own bodies beside OpenAI's: `GET /ready` and an experiment's fan-out.
+//! Written by the server, read by eval, loadtest and scripts.
+
+use serde::{Deserialize, Serialize};
+
+/// Memory of the process against the plan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadyMemory {
+    pub rss_bytes: u64,
+    pub budget_bytes: u64,
+    pub planned_bytes: u64,
+    pub margin_bytes: u64,
+}
+
+/// The memory plan's capacity.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadyPlan {
+    /// KV cells over all sequences.
+    pub kv_cells: u64,
+    /// Tokens per sequence (prompt + answer).
+    pub context: u64,
+    /// Sequences of the whole context that fit at once.
+    pub full_context_sequences: u64,
+    /// Sequences that may be live at once (llama.cpp's n_seq_max).
+    pub seq_slots: u64,
+    pub kv_cells_per_slot: u64,
+    pub kv_unified: bool,
+}
+
+/// `GET /ready` when ready (otherwise a 503 with an OpenAI error body).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ready {
+    pub status: String,
+    pub model: String,
+    /// The 1-token generation the check ran.
+    pub probe_latency_ms: f64,
+    pub memory: ReadyMemory,
+    pub plan: ReadyPlan,
+    pub kv_cells_used: u64,
+    pub running: u64,
+    pub waiting: u64,
+    /// Requests that may wait before the server answers 429.
+    pub max_queue: u64,
+}
+
+/// One variant's answer in a fan-out; `error` instead of the rest when it failed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FanoutResult {
+    pub variant: String,
+    pub output: Option<String>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// Prompt tokens whose KV was reused (another variant's or a cached prefix).
+    pub shared_prompt_tokens: Option<u64>,
+    pub ttft_ms: Option<f64>,
+    pub latency_ms: Option<f64>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    /// Order in which the engine admitted the variants (0 = first).
+    pub admission_rank: usize,
+}
+
+/// `POST /v1/experiments/{name}/fanout`: every variant on one input.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Fanout {
+    pub experiment: String,
+    pub input: String,
+    pub results: Vec<FanoutResult>,
+}
