@@ -67,3 +67,35 @@ pub struct Fanout {
     pub input: String,
     pub results: Vec<FanoutResult>,
 }
+
+/// `POST /v1/experiments/{name}/events`: what was taken.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EventsAccepted {
+    /// Events in the request.
+    pub accepted: usize,
+    /// Events written now (0 when the batch id was seen before).
+    pub stored: usize,
+    /// The `batch_id` was stored before: nothing was counted twice.
+    pub duplicate_batch: bool,
+}
+
+/// `DELETE` of an object, as OpenAI answers it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Deleted {
+    pub id: String,
+    pub object: String,
+    pub deleted: bool,
+}
+
+/// A list, as OpenAI answers `GET` of a collection.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct List<T> {
+    pub object: String,
+    pub data: Vec<T>,
+}
+
+impl<T> List<T> {
+    pub fn new(data: Vec<T>) -> List<T> {
+        List { object: "list".into(), data }
+    }
+}

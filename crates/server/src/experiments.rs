@@ -10,14 +10,14 @@ use abserve_ab::Message;
 use abserve_ab::OutcomeEvent;
 use abserve_engine::ChatMessage;
 use abserve_engine::{Request, SamplingParams};
-use abserve_protocol::abserve::{Fanout, FanoutResult};
+use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::abstate::AbState;
 use crate::error::ApiError;
@@ -41,7 +41,7 @@ fn parse_experiment(body: &[u8]) -> Result<Experiment, ApiError> {
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let all = ab.list();
-    Ok(Json(json!({"object": "list", "data": all})).into_response())
+    Ok(Json(List::new(all)).into_response())
 }
 
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
@@ -81,7 +81,7 @@ pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     let n = name.clone();
     ab.with_store(move |s| s.delete_experiment(&n)).await?;
     ab.remove(&name);
-    Ok(Json(json!({"id": name, "object": "experiment", "deleted": true})).into_response())
+    Ok(Json(Deleted { id: name, object: "experiment".into(), deleted: true }).into_response())
 }
 
 #[derive(Deserialize)]
@@ -110,7 +110,7 @@ pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     }
     let n = events.len();
     let stored = ab.with_store(move |s| s.record_events(&name, batch_id.as_deref(), &events)).await?;
-    Ok(Json(json!({"accepted": n, "stored": stored, "duplicate_batch": stored == 0})).into_response())
+    Ok(Json(EventsAccepted { accepted: n, stored, duplicate_batch: stored == 0 }).into_response())
 }
 
 pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
