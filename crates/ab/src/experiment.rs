@@ -164,24 +164,52 @@ impl Experiment {
     }
 }
 
-/// Renders a variant template with the user's input (strict: unknown variables are errors).
-pub fn render(template: &str, input: &str) -> Result<String, String> {
+/// Most template instructions one rendering may run (minijinja's fuel): bounds loops.
+pub const TEMPLATE_FUEL: u64 = 100_000;
+/// Most bytes one rendering may produce: a prompt larger than this fits no context we serve.
+pub const MAX_RENDERED_BYTES: usize = 1 << 20;
+
+/// A writer that refuses to grow past [`MAX_RENDERED_BYTES`] (and remembers that it did).
+struct Capped(Vec<u8>, bool);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + b.len() > MAX_RENDERED_BYTES {
+            self.1 = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Renders `template` with `ctx` in a sandbox: strict variables, bounded instructions, bounded
+/// output. Every variant template goes through here, on create and on every request.
+fn render_bounded(template: &str, ctx: minijinja::Value) -> Result<String, String> {
     let mut env = Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
-    env.get_template("t")
-        .and_then(|t| t.render(context! { input => input }))
-        .map_err(|e| format!("template does not render: {e}"))
+    let mut out = Capped(Vec::new(), false);
+    let r = env.get_template("t").and_then(|t| t.render_captured_to(ctx, &mut out).map(|_| ()));
+    if out.1 {
+        return Err(format!("template does not render: the rendered text is larger than {MAX_RENDERED_BYTES} bytes"));
+    }
+    r.map_err(|e| format!("template does not render: {e}"))?;
+    String::from_utf8(out.0).map_err(|_| "template rendered invalid UTF-8".to_string())
+}
+
+/// Renders a variant template with the user's input (strict: unknown variables are errors).
+pub fn render(template: &str, input: &str) -> Result<String, String> {
+    render_bounded(template, context! { input => input })
 }
 
 /// Renders a template with every field of a dataset row (strict: unknown variables are errors).
 pub fn render_row(template: &str, row: &serde_json::Value) -> Result<String, String> {
-    let mut env = Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
-    env.get_template("t")
-        .and_then(|t| t.render(minijinja::Value::from_serialize(row)))
-        .map_err(|e| format!("template does not render: {e}"))
+    render_bounded(template, minijinja::Value::from_serialize(row))
 }
 
 /// The top-level variables a template reads (`{{ input }}`, `{{ row.x }}` gives `row`).
@@ -236,6 +264,11 @@ system = "Be warm and friendly."
         assert_eq!(e[0].control_index(), 0);
         assert_eq!(e[0].variants[1].template, "{{ input }}");
         assert_eq!(render(&e[0].variants[0].template, "hi").unwrap(), "Customer: hi");
+        // hostile templates end with an error, not a stall or a 100 MB prompt
+        let big = render("{{ 'x' * 50000000 }}", "hi").unwrap_err();
+        assert!(big.contains("larger than"), "{big}");
+        let long = render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "hi").unwrap_err();
+        assert!(long.contains("fuel"), "{long}");
     }
 
     #[test]

@@ -17,7 +17,9 @@ mod store;
 mod variant;
 
 pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
-pub use experiment::{parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status, Variant};
+pub use experiment::{
+    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status, Variant, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
+};
 pub use paired::{binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT, SignTest};
 pub use stats::{srm, summarize, welch, Comparison, SrmCheck, Summary};
 pub use store::{Exposure, MetricResult, OutcomeEvent, Results, Store, StoreError, VariantResult};

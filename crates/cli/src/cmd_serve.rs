@@ -37,12 +37,24 @@ pub struct ServeArgs {
     /// Longest prompt in tokens [default: context − 1].
     #[arg(long)]
     pub max_prompt_tokens: Option<usize>,
-    /// Seconds running requests get to finish after SIGTERM.
+    /// Seconds running requests get to finish after SIGTERM; then what is still open is cut and
+    /// the process exits 0.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Seconds a connection has to send its request head before it is closed.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Origin allowed to call the API from a browser (CORS), e.g. a dashboard's
+    /// `https://ab.example.com`; repeat for several. Default: none (no CORS headers).
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
     /// Experiments file (TOML, `[[experiment]]` tables) loaded into the store at start.
     #[arg(long)]
     pub experiments: Option<std::path::PathBuf>,
+    /// Keep experiments the store already has when the `--experiments` file defines them too
+    /// (default: the file's definitions win at every start).
+    #[arg(long)]
+    pub keep_stored_experiments: bool,
     /// Where experiments, exposures and events are stored (SQLite).
     #[arg(long, default_value = "abserve-data")]
     pub data_dir: std::path::PathBuf,
@@ -57,7 +69,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     cfg.admission_control = !a.unsafe_no_admission_control;
     // the queue bound is resolved against the plan's slots when the engine starts (planned once)
     cfg.max_queue = a.max_queue.map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
-    for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout)] {
+    for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout), ("--header-read-timeout", a.header_read_timeout)] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
         }
@@ -66,12 +78,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
     });
     // a bad experiments file is an error before any model work
-    let ab = AbState::open(&a.data_dir, a.experiments.as_deref())?;
+    let ab = AbState::open(&a.data_dir, a.experiments.as_deref(), a.keep_stored_experiments)?;
     let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
     let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist)?;
     let context = engine.plan().context as usize;
+    ab.check(context as u64)?;
     let config = ServerConfig {
         model_id,
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),
@@ -80,6 +93,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_prompt_tokens: a.max_prompt_tokens.unwrap_or(context - 1).min(context - 1),
         ready_cache: Duration::from_secs(2),
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
+        header_read_timeout: Duration::from_secs_f64(a.header_read_timeout),
+        cors_origins: a.cors_origins.clone(),
     };
     let state = AppState::new(engine, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
@@ -89,6 +104,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // a line tests and scripts can wait for
         println!("abserve: listening on http://{bound}");
     }))?;
+    // connections cut at the drain timeout may hold blocking work (a store write): give it a
+    // moment, never wait for it
+    rt.shutdown_timeout(Duration::from_secs(2));
     tracing::info!("stopped");
     Ok(())
 }

@@ -348,6 +348,37 @@ impl Engine {
     /// Queues a request; events arrive on the returned channel. Dropping the receiver cancels
     /// the request and frees its KV cells within one step.
     pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        self.check(&req)?;
+        self.reserve(1, req.priority)?;
+        self.send(req)
+    }
+
+    /// Queues requests as one group (a fan-out): all of them, or none when the slots and the
+    /// queue have no room for all (`QueueFull`), or never could (`GroupTooLarge`). Once
+    /// accepted, every member runs; none is turned away for a later one.
+    pub fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+        for r in &reqs {
+            self.check(r)?;
+        }
+        self.reserve(reqs.len(), false)?;
+        let n = reqs.len();
+        let mut out = Vec::with_capacity(n);
+        for (i, r) in reqs.into_iter().enumerate() {
+            match self.send(r) {
+                Ok(rx) => out.push(rx),
+                Err(e) => {
+                    // the engine stopped: release the places of the members never sent
+                    use std::sync::atomic::Ordering;
+                    self.stats.inflight.fetch_sub((n - i - 1) as u64, Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// What the engine itself requires of a request (the server's validation comes first).
+    fn check(&self, req: &Request) -> Result<(), SubmitError> {
         if req.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -359,14 +390,29 @@ impl Engine {
         if let Some(&bad) = req.prompt.iter().find(|&&t| t < 0 || t as usize >= self.model.n_vocab()) {
             return Err(SubmitError::Invalid("prompt", format!("token id {bad} is outside the vocabulary")));
         }
+        Ok(())
+    }
+
+    /// Takes `n` places among slots + queue at once, or none (the priority lane always has one).
+    fn reserve(&self, n: usize, priority: bool) -> Result<(), SubmitError> {
         use std::sync::atomic::Ordering;
         // running sequences fill the slots; beyond slots + max_queue the queue is full
-        let capacity = (self.plan.seq_slots as usize).saturating_add(self.max_queue);
-        let inflight = self.stats.inflight.fetch_add(1, Ordering::SeqCst) as usize;
-        if !req.priority && inflight >= capacity {
-            self.stats.inflight.fetch_sub(1, Ordering::SeqCst);
+        let slots = self.plan.seq_slots as usize;
+        let capacity = slots.saturating_add(self.max_queue);
+        if n > capacity {
+            return Err(SubmitError::GroupTooLarge { group: n, capacity, slots, queue: self.max_queue });
+        }
+        let inflight = self.stats.inflight.fetch_add(n as u64, Ordering::SeqCst) as usize;
+        if !priority && inflight + n > capacity {
+            self.stats.inflight.fetch_sub(n as u64, Ordering::SeqCst);
             return Err(SubmitError::QueueFull(self.max_queue));
         }
+        Ok(())
+    }
+
+    /// Hands a checked request with a reserved place to the engine thread.
+    fn send(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        use std::sync::atomic::Ordering;
         let (etx, erx) = unbounded_channel();
         if self.tx.send(Command::Submit(req, etx)).is_err() {
             self.stats.inflight.fetch_sub(1, Ordering::SeqCst);

@@ -99,6 +99,9 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("the waiting queue is full ({0} requests)")]
     QueueFull(usize),
+    /// A group larger than the slots and the queue together: it could never be accepted whole.
+    #[error("a group of {group} requests cannot be accepted whole: at most {capacity} ({slots} sequence slots + {queue} queued) are held at once")]
+    GroupTooLarge { group: usize, capacity: usize, slots: usize, queue: usize },
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("invalid {0}: {1}")]

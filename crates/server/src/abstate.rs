@@ -20,17 +20,44 @@ pub struct AbState {
 }
 
 impl AbState {
-    /// Opens the store and loads the experiments file (its definitions replace stored ones).
-    pub fn open(data_dir: &Path, file: Option<&Path>) -> anyhow::Result<AbState> {
+    /// Opens the store and loads the experiments file. Precedence: the file's definitions
+    /// replace stored ones of the same name (so changes made over HTTP to an experiment that is
+    /// also in the file last until the next start), unless `keep_stored`: then the file only
+    /// adds experiments the store does not have. Either way a log line says what happened.
+    pub fn open(data_dir: &Path, file: Option<&Path>, keep_stored: bool) -> anyhow::Result<AbState> {
         let store = Store::open(data_dir)?;
         if let Some(f) = file {
             let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
+            let (mut written, mut kept) = (vec![], vec![]);
             for e in abserve_ab::parse_file(&text)? {
-                store.put_experiment(&e)?;
+                let fresh = if keep_stored { store.create_experiment(&e)? } else { store.put_experiment(&e).map(|_| true)? };
+                if fresh { written.push(e.name) } else { kept.push(e.name) }
+            }
+            if keep_stored {
+                tracing::info!(
+                    "experiments file {}: added {:?}; kept the stored definitions of {:?} (--keep-stored-experiments)",
+                    f.display(), written, kept
+                );
+            } else {
+                tracing::info!(
+                    "experiments file {}: {:?} loaded, replacing stored definitions of the same name (changes made over HTTP to these are reverted at each start; --keep-stored-experiments keeps them)",
+                    f.display(), written
+                );
             }
         }
         let experiments = store.experiments()?.into_iter().map(|e| (e.name.clone(), e)).collect();
         Ok(AbState { store: Arc::new(Mutex::new(store)), experiments: RwLock::new(experiments) })
+    }
+
+    /// Checks every stored experiment's variants by the API's rules (a file or an older
+    /// version may hold settings the API refuses), for the context the engine serves.
+    pub fn check(&self, context: u64) -> anyhow::Result<()> {
+        for e in self.list() {
+            for v in &e.variants {
+                crate::validate::variant(v, context).map_err(|err| anyhow::anyhow!("experiment '{}': {}: {}", e.name, err.param.unwrap_or_default(), err.message))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<Experiment> {

@@ -14,7 +14,7 @@ use axum::Json;
 use crate::error::ApiError;
 use crate::experiments::{apply_variant, route, variant_messages};
 use crate::job::{fit_context, Job, Kind, Routed};
-use crate::openai::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
+use crate::validate::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
 use crate::respond::{collect_response, now_secs, stream_response};
 use crate::state::AppState;
 
@@ -151,29 +151,22 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
 }
 
 pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let r = match chat_job(&state, &body, &headers) {
+    let r = match state.prepare(move |st| chat_job(st, &body, &headers)).await {
         Ok(job) => run(state.clone(), job).await,
         Err(e) => Err(e),
     };
-    finish(&state, "chat_completions", r)
+    r.unwrap_or_else(|e| e.into_response())
 }
 
 pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let r = match completion_job(&state, &body, &headers) {
+    let r = match state.prepare(move |st| completion_job(st, &body, &headers)).await {
         Ok(job) => run(state.clone(), job).await,
         Err(e) => Err(e),
     };
-    finish(&state, "completions", r)
-}
-
-fn finish(state: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
-    let resp = r.unwrap_or_else(|e| e.into_response());
-    state.metrics.count(endpoint, resp.status().as_u16());
-    resp
+    r.unwrap_or_else(|e| e.into_response())
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    state.metrics.count("models", 200);
     let model = Model { id: state.config.model_id.clone(), object: "model".into(), created: now_secs(), owned_by: "abserve".into() };
     Json(ModelList { object: "list".into(), data: vec![model] }).into_response()
 }

@@ -17,6 +17,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Queues a request; its events arrive on the receiver, the first being `Admitted`.
     /// Dropping the receiver cancels it.
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError>;
+    /// Queues requests as one group: all of them or none (see `Engine::submit_group`).
+    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
     /// Token ids of `text`; `add_special` adds BOS (a rendered chat template carries its own).
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32>;
     /// The model's chat template applied to `messages`, ending with the assistant's turn.
@@ -43,6 +45,9 @@ impl Backend for Engine {
     }
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         Engine::submit(self, req)
+    }
+    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+        Engine::submit_group(self, reqs)
     }
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
         self.model().tokenize(text, add_special)

@@ -69,6 +69,15 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
+    pub fn unsupported_media_type() -> Self {
+        let mut e = Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "Send the body as JSON with 'Content-Type: application/json'.",
+        );
+        e.code = Some("unsupported_media_type");
+        e
+    }
     pub fn method_not_allowed() -> Self {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "Method not allowed on this path.")
     }

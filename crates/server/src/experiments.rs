@@ -32,10 +32,19 @@ fn find(state: &AppState, name: &str) -> Result<Experiment, ApiError> {
     ab(state)?.get(name).ok_or_else(|| ApiError::not_found(format!("No experiment named '{name}'.")))
 }
 
-fn parse_experiment(body: &[u8]) -> Result<Experiment, ApiError> {
-    let e: Experiment = crate::openai::parse_body(body)?;
-    e.validate().map_err(|e| ApiError::bad_request(e.0))?;
-    Ok(e)
+/// An experiment from a request body, checked as the API checks requests (every variant as
+/// the request it will produce), on the blocking pool: its templates are rendered.
+async fn parse_experiment(state: &Arc<AppState>, body: Bytes) -> Result<Experiment, ApiError> {
+    state
+        .prepare(move |st| {
+            let e: Experiment = crate::validate::parse_body(&body)?;
+            e.validate().map_err(|e| ApiError::bad_request(e.0))?;
+            for v in &e.variants {
+                crate::validate::variant(v, st.engine.plan().context)?;
+            }
+            Ok(e)
+        })
+        .await
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
@@ -46,7 +55,7 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiErr
 
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
-    let e = parse_experiment(&body)?;
+    let e = parse_experiment(&state, body).await?;
     // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
     // name exactly one gets 201
     let stored = e.clone();
@@ -65,7 +74,7 @@ pub async fn get(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
 
 pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
-    let e = parse_experiment(&body)?;
+    let e = parse_experiment(&state, body).await?;
     if e.name != name {
         return Err(ApiError::invalid_param("name", format!("The body names '{}' but the path names '{name}'.", e.name)));
     }
@@ -95,8 +104,10 @@ enum EventsBody {
 pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
-    let (events, batch_id) = match crate::openai::parse_body::<Value>(&body)
-        .and_then(|v| serde_json::from_value::<EventsBody>(v).map_err(|e| ApiError::bad_request(format!("Invalid events: {e}"))))?
+    // one event, a list of events (the documented short form) or a batch object
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("We could not parse the JSON body of your request: {e}")))?;
+    let (events, batch_id) = match serde_json::from_value::<EventsBody>(value).map_err(|e| ApiError::bad_request(format!("Invalid events: {e}")))?
     {
         EventsBody::Batch { events, batch_id } => (events, batch_id),
         EventsBody::Many(v) => (v, None),
@@ -193,24 +204,27 @@ struct FanoutBody {
 /// side by side.
 pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let e = find(&state, &name)?;
-    let b: FanoutBody = crate::openai::parse_body(&body)?;
-    let mut jobs = vec![];
-    for v in &e.variants {
-        let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
-        let text = state.engine.render_chat(&msgs).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let prompt = state.engine.tokenize(&text, false);
-        let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
-        let mut explicit = false;
-        apply_variant(v, &mut params, &mut explicit);
-        // a fan-out clamps max_tokens to the room the context leaves
-        fit_context(&state, &prompt, &mut params, false)?;
-        jobs.push(Request { prompt, params, group: Some(e.name.clone()), priority: false, kv_share: e.max_kv_share });
-    }
-    // submit all before awaiting any, so they enter the engine together
-    let mut rxs = vec![];
-    for j in jobs {
-        rxs.push(state.enqueue_nowait(j)?);
-    }
+    let exp = e.clone();
+    let (input, jobs) = state
+        .prepare(move |st| {
+            let b: FanoutBody = crate::validate::parse_body(&body)?;
+            let mut jobs = vec![];
+            for v in &exp.variants {
+                let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
+                let text = st.engine.render_chat(&msgs).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let prompt = st.engine.tokenize(&text, false);
+                let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
+                let mut explicit = false;
+                apply_variant(v, &mut params, &mut explicit);
+                // a fan-out clamps max_tokens to the room the context leaves
+                fit_context(st, &prompt, &mut params, false)?;
+                jobs.push(Request { prompt, params, group: Some(exp.name.clone()), priority: false, kv_share: exp.max_kv_share });
+            }
+            Ok((b.input, jobs))
+        })
+        .await?;
+    // one group: every variant enters the queue, or none does
+    let rxs = state.enqueue_group(jobs)?;
     let outs = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     let mut results = vec![];
     let mut orders = vec![];
@@ -241,6 +255,6 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     for (rank, &i) in idx.iter().enumerate() {
         results[i].admission_rank = rank;
     }
-    Ok(Json(Fanout { experiment: e.name, input: b.input, results }).into_response())
+    Ok(Json(Fanout { experiment: e.name, input, results }).into_response())
 }
 

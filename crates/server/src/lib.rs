@@ -1,7 +1,7 @@
 //! abserve's HTTP server: an OpenAI-compatible API over the one shared engine, with
 //! back-pressure, health, readiness and Prometheus metrics. No model code here.
 //!
-//! Request path: [`routes`](crate::routes) → validation (`openai`) → routing to an experiment's
+//! Request path: [`routes`](crate::routes) → validation (`validate`) → routing to an experiment's
 //! variant (`experiments`) → admission (`state`) → the engine → a whole or streamed response
 //! (`api`) → the exposure. See docs/architecture.md.
 
@@ -14,7 +14,7 @@ mod experiments;
 mod health;
 mod job;
 mod metrics;
-mod openai;
+mod validate;
 mod respond;
 mod routes;
 mod serve;

@@ -1,16 +1,25 @@
-//! The serve loop: bind, serve the routes, and on SIGTERM/SIGINT drain running requests up to
-//! the drain timeout.
+//! The serve loop: accept connections (each must send its request head within the header-read
+//! timeout), serve the routes, and on SIGTERM/SIGINT drain — for at most `--drain-timeout`.
+//!
+//! Drain: /ready turns 503 at once, new requests get 503, the listener closes, idle keep-alive
+//! connections are told to close, running requests finish. When the drain timeout passes, what
+//! is still open is cut (a log line says how many connections and sequences) and the function
+//! returns, so the process always exits.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 
 use crate::routes::router;
 use crate::state::AppState;
 
-/// Serves until SIGTERM/SIGINT (or `stop` resolves). Then /ready turns 503 at once and new
-/// requests get 503 while running ones finish (up to the drain timeout); then the listener
-/// closes and the function returns.
+/// Serves until SIGTERM/SIGINT (or `stop` resolves), then drains as the module says.
 pub async fn serve(
     state: Arc<AppState>,
     addr: SocketAddr,
@@ -20,29 +29,69 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     on_bound(listener.local_addr()?);
     state.spawn_drain_meter();
-    let st = state.clone();
-    let shutdown = async move {
-        tokio::select! {
-            _ = stop => {}
-            _ = signal() => {}
-        }
-        tracing::info!("shutting down: refusing new requests, draining running ones");
-        st.shutting_down.store(true, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + st.config.drain_timeout;
-        loop {
-            let s = st.engine.stats();
-            if s.running == 0 && s.waiting == 0 {
-                break;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("drain timeout reached with {} running", s.running);
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    };
-    axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown).await?;
+    let app = router(state.clone());
+    let mut http = Builder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(state.config.header_read_timeout);
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
+    tokio::pin!(stop);
+    let signal = signal();
+    tokio::pin!(signal);
+    loop {
+        let (stream, _) = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(c) => c,
+                Err(e) => {
+                    // out of file descriptors and the like: keep serving the connections we have
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+            _ = &mut signal => break,
+        };
+        let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn.into_owned());
+        let open = open.clone();
+        open.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    drop(listener);
+    drain(&state, graceful, &open).await;
     Ok(())
+}
+
+/// Refuses new work, then waits for running requests and open connections up to the drain
+/// timeout; past it, logs what is cut.
+async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize) {
+    tracing::info!("shutting down: refusing new requests, draining running ones (up to {:?})", state.config.drain_timeout);
+    state.shutting_down.store(true, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + state.config.drain_timeout;
+    // requests in the engine first: their connections close once the answers are out
+    loop {
+        let s = state.engine.stats();
+        if (s.running == 0 && s.waiting == 0) || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match tokio::time::timeout_at(deadline, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained: every connection closed"),
+        Err(_) => {
+            let s = state.engine.stats();
+            tracing::warn!(
+                "drain timeout of {:?} reached: cutting {} open connections ({} sequences running, {} waiting)",
+                state.config.drain_timeout,
+                open.load(Ordering::SeqCst),
+                s.running,
+                s.waiting
+            );
+        }
+    }
 }
 
 async fn signal() {

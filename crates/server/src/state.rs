@@ -22,6 +22,10 @@ pub struct ServerConfig {
     pub max_prompt_tokens: usize,
     pub ready_cache: Duration,
     pub drain_timeout: Duration,
+    /// A connection must send its request head within this (slow-loris clients are closed).
+    pub header_read_timeout: Duration,
+    /// Origins allowed by CORS (`--cors-origin`); none: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 pub struct AppState {
@@ -36,6 +40,8 @@ pub struct AppState {
     pub ready: tokio::sync::Mutex<Option<(Instant, Result<abserve_protocol::abserve::Ready, String>)>>,
     /// The A/B layer, when the server was started with a data directory.
     pub ab: Option<crate::abstate::AbState>,
+    /// Slots of the blocking pool for request preparation (see [`AppState::prepare`]).
+    prep: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -49,7 +55,29 @@ impl AppState {
             drain_rate_milli: AtomicU64::new(0),
             ready: tokio::sync::Mutex::new(None),
             ab,
+            prep: tokio::sync::Semaphore::new(Self::prep_slots()),
         })
+    }
+
+    /// Half the cores (at least one): the other half keeps answering `/health` and streaming
+    /// tokens while hostile requests are parsed and rendered.
+    fn prep_slots() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    }
+
+    /// Runs CPU-bound preparation of a request (parsing a body of up to the body limit,
+    /// rendering templates, tokenizing) on the blocking pool, a bounded number at once. A client
+    /// with a huge body or a thousand messages waits for a slot; the async threads that answer
+    /// `/health` and stream tokens never run this work.
+    pub async fn prepare<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let _slot = self.prep.acquire().await.map_err(|_| ApiError::unavailable("The server is shutting down."))?;
+        let st = self.clone();
+        tokio::task::spawn_blocking(move || f(&st))
+            .await
+            .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -110,33 +138,51 @@ impl AppState {
 
     /// Submits without waiting for admission (the first event will be `Admitted`).
     pub fn enqueue_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+        self.refuse_when_shutting_down()?;
+        self.engine.submit(req).map_err(|e| self.refused(e))
+    }
+
+    /// Submits a fan-out's requests as one group: all enter the queue, or none (a 429 when there
+    /// is no room for all now, a 400 when there never can be).
+    pub fn enqueue_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+        self.refuse_when_shutting_down()?;
+        self.engine.submit_group(reqs).map_err(|e| self.refused(e))
+    }
+
+    fn refuse_when_shutting_down(&self) -> Result<(), ApiError> {
         if self.is_shutting_down() {
             self.metrics.reject("shutting_down");
             return Err(ApiError::unavailable("The server is shutting down."));
         }
-        let rx = match self.engine.submit(req) {
-            Ok(rx) => rx,
-            Err(SubmitError::QueueFull(n)) => {
+        Ok(())
+    }
+
+    /// The answer to a request the engine did not take.
+    fn refused(&self, e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::QueueFull(n) => {
                 self.metrics.reject("queue_full");
-                return Err(ApiError::overloaded(
+                ApiError::overloaded(
                     format!("The server is at capacity ({n} requests waiting). Retry after the delay in Retry-After."),
                     self.retry_after(),
-                ));
+                )
             }
-            Err(SubmitError::ShuttingDown) => {
+            SubmitError::GroupTooLarge { group, capacity, slots, queue } => ApiError::invalid_param(
+                "variants",
+                format!(
+                    "This fan-out has {group} variants but the server holds at most {capacity} sequences at once ({slots} sequence slots + {queue} queued), so it could never be accepted whole; raise --max-sequences or --max-queue, or split the experiment."
+                ),
+            ),
+            SubmitError::ShuttingDown => {
                 self.metrics.reject("shutting_down");
-                return Err(ApiError::unavailable("The server is shutting down."));
+                ApiError::unavailable("The server is shutting down.")
             }
-            Err(SubmitError::PromptTooLong { prompt, context }) => {
+            SubmitError::PromptTooLong { prompt, context } => {
                 self.metrics.reject("too_long");
-                return Err(ApiError::invalid_param(
-                    "messages",
-                    format!("The prompt has {prompt} tokens but the context is {context} tokens."),
-                ));
+                ApiError::invalid_param("messages", format!("The prompt has {prompt} tokens but the context is {context} tokens."))
             }
-            Err(SubmitError::EmptyPrompt) => return Err(ApiError::invalid_param("prompt", "The prompt is empty.")),
-            Err(SubmitError::Invalid(p, m)) => return Err(ApiError::invalid_param(p, m)),
-        };
-        Ok(rx)
+            SubmitError::EmptyPrompt => ApiError::invalid_param("prompt", "The prompt is empty."),
+            SubmitError::Invalid(p, m) => ApiError::invalid_param(p, m),
+        }
     }
 }

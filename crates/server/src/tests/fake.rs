@@ -103,6 +103,13 @@ impl Backend for Fake {
         self.ctl.submitted.lock().unwrap().push(req);
         Ok(rx)
     }
+    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+        // the fake's places: 4 slots + 8 queued
+        if reqs.len() > 12 {
+            return Err(SubmitError::GroupTooLarge { group: reqs.len(), capacity: 12, slots: 4, queue: 8 });
+        }
+        reqs.into_iter().map(|r| self.submit(r)).collect()
+    }
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
         // token 1 stands for BOS
         let bos = add_special.then_some(1);

@@ -48,6 +48,8 @@ fn app(experiments: Option<&str>) -> App {
         max_prompt_tokens: 400,
         ready_cache: Duration::ZERO,
         drain_timeout: Duration::from_secs(1),
+        header_read_timeout: Duration::from_secs(5),
+        cors_origins: vec![],
     };
     let (ab, dir) = match experiments {
         Some(toml) => {
@@ -56,7 +58,7 @@ fn app(experiments: Option<&str>) -> App {
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join("experiments.toml");
             std::fs::write(&file, toml).unwrap();
-            (Some(AbState::open(&dir, Some(&file)).unwrap()), Some(dir))
+            (Some(AbState::open(&dir, Some(&file), false).unwrap()), Some(dir))
         }
         None => (None, None),
     };
@@ -222,9 +224,14 @@ async fn bad_requests_are_openai_errors_naming_the_parameter() {
         assert_eq!((s, p.as_deref()), (status, param), "{body}: {message}");
         assert!(!message.is_empty());
     }
-    let (s, _, bytes) = a.call("POST", "/v1/chat/completions", None, &[]).await;
+    let (s, _, bytes) = a.call("POST", "/v1/chat/completions", None, &[("content-type", "application/json")]).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(serde_json::from_slice::<ErrorBody>(&bytes).is_ok(), "an empty body is an OpenAI error too");
+    // a body not declared as JSON (a cross-site form post) is refused before it is read
+    let body = Some(json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}));
+    let (s, _, bytes) = a.call("POST", "/v1/chat/completions", body, &[("content-type", "text/plain")]).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(serde_json::from_slice::<ErrorBody>(&bytes).is_ok());
     assert!(a.ctl.submitted.lock().unwrap().is_empty(), "nothing invalid reached the engine");
 }
 
