@@ -165,12 +165,20 @@ async fn finding5_random_paths_do_not_grow_the_metrics() {
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
     let get_metrics = || async { c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap() };
     // one of each kind first, so every label that can appear exists
-    c.get(s.url("/v1/nope")).send().await.unwrap();
-    c.get(s.url("/nope")).send().await.unwrap();
+    for p in ["/v1/nope", "/nope", "/v1/experiments/w", "/v1/experiments/w/results"] {
+        c.get(s.url(p)).send().await.unwrap();
+    }
     c.get(s.url("/v1/models")).send().await.unwrap();
     get_metrics().await;
     let before = get_metrics().await;
-    let paths: Vec<String> = (0..3000).map(|i| if i % 2 == 0 { format!("/v1/x{i}/{}", i * 7) } else { format!("/r{i}") }).collect();
+    // unauthenticated: experiment names in the path (matched routes, 401) and unknown paths (404)
+    let paths: Vec<String> = (0..3000)
+        .map(|i| match i % 3 {
+            0 => format!("/v1/experiments/x{i}"),
+            1 => format!("/v1/experiments/x{i}/results"),
+            _ => format!("/r{i}/{}", i * 7),
+        })
+        .collect();
     for chunk in paths.chunks(100) {
         let tries = chunk.iter().map(|p| c.get(s.url(p)).send());
         for r in futures::future::join_all(tries).await {
@@ -179,7 +187,8 @@ async fn finding5_random_paths_do_not_grow_the_metrics() {
     }
     let after = get_metrics().await;
     assert_eq!(series(&after), series(&before), "the number of series is constant");
-    assert!(metric(&after, "abserve_requests_total{endpoint=\"unmatched\",status=\"404\"}").unwrap() >= 3000.0);
+    assert!(metric(&after, "abserve_requests_total{endpoint=\"experiments_name\",status=\"401\"}").unwrap() >= 1000.0);
+    assert!(metric(&after, "abserve_requests_total{endpoint=\"unmatched\",status=\"404\"}").unwrap() >= 1000.0);
     assert!(!after.contains("x10"), "no raw path is a label");
     assert!(after.len() < 2 * before.len());
 }
