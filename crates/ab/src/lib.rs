@@ -22,5 +22,5 @@ pub use experiment::{
 };
 pub use paired::{binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT, SignTest};
 pub use stats::{srm, summarize, welch, Comparison, SrmCheck, Summary};
-pub use store::{Exposure, MetricResult, OutcomeEvent, Results, Store, StoreError, VariantResult};
+pub use store::{Exposure, MetricResult, OutcomeEvent, Results, Store, StoreCondition, StoreError, VariantResult};
 pub use variant::{Message, Sampling, VariantError};

@@ -40,6 +40,36 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
 }
 
+/// What an operator can do about a failed store operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreCondition {
+    /// The disk (or the file system's quota) is full: free space, then retry.
+    Full,
+    /// The database cannot be written (read-only file system or file, permissions, I/O error).
+    Unwritable,
+    /// Another writer holds the database longer than the busy timeout: retry shortly.
+    Busy,
+    /// Anything else (a bug or a corrupt database).
+    Other,
+}
+
+impl StoreError {
+    pub fn condition(&self) -> StoreCondition {
+        use rusqlite::ErrorCode as C;
+        match self {
+            StoreError::Sql(rusqlite::Error::SqliteFailure(e, _)) => match e.code {
+                C::DiskFull => StoreCondition::Full,
+                C::ReadOnly | C::CannotOpen | C::PermissionDenied | C::SystemIoFailure => StoreCondition::Unwritable,
+                C::DatabaseBusy | C::DatabaseLocked => StoreCondition::Busy,
+                _ => StoreCondition::Other,
+            },
+            StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => StoreCondition::Full,
+            StoreError::Io(_) => StoreCondition::Unwritable,
+            _ => StoreCondition::Other,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OutcomeEvent {
     pub unit: String,

@@ -304,3 +304,88 @@ async fn finding9_the_experiments_file_wins_at_start_unless_stored_definitions_a
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tmpfs of `size` mounted for the test (CI runs as root), unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = std::env::temp_dir().join(format!("abserve-tmpfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&dir).status();
+        assert!(st.as_ref().is_ok_and(|s| s.success()), "mounting a tmpfs needs root (CI runs as root): {st:?}");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes zeros to `path` until the file system is full.
+fn fill(path: &std::path::Path) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let small = [0u8; 512];
+    while f.write_all(&small).is_ok() {}
+    let _ = f.sync_all();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_inference_keeps_serving() {
+    let fs = Tmpfs::mount("8m");
+    let data = fs.0.join("data").display().to_string();
+    let c = client();
+    let batch = |id: &str, n: usize| {
+        let events: Vec<Value> = (0..n).map(|i| json!({"unit": format!("u{i}"), "metric": "score", "value": i as f64})).collect();
+        json!({"batch_id": id, "events": events})
+    };
+    let post_events = |s: &Server, body: Value| {
+        let r = c.post(s.url("/v1/experiments/full/events")).json(&body).send();
+        async move {
+            let r = r.await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let s = Server::start(&["--data-dir", &data]);
+    assert_eq!(c.post(s.url("/v1/experiments")).json(&experiment("full", json!([{"id": "a"}, {"id": "b"}]))).send().await.unwrap().status(), 201);
+    assert_eq!(post_events(&s, batch("b1", 100)).await.0, 200);
+    let filler = fs.0.join("filler");
+    fill(&filler);
+    // the disk is full: writes are refused with the reason, nothing half-written
+    let (status, body) = post_events(&s, batch("b2", 10_000)).await;
+    assert_eq!(status, 507, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("full"), "{body}");
+    let (status, _) = post_events(&s, batch("b3", 10_000)).await;
+    assert_eq!(status, 507);
+    let r = c.post(s.url("/v1/experiments")).json(&experiment("more", json!([{"id": "a"}, {"id": "b"}]))).send().await.unwrap();
+    assert!(matches!(r.status().as_u16(), 507 | 503), "{}", r.status());
+    // inference keeps serving, on the plain model and through the experiment
+    let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "user": "u1"});
+    assert_eq!(c.post(s.url("/v1/chat/completions")).json(&chat(MODEL_ID)).send().await.unwrap().status(), 200);
+    let r = c.post(s.url("/v1/chat/completions")).json(&chat("experiment:full")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["abserve"]["in_experiment"], false, "the answer says its exposure was not stored");
+    assert_eq!(c.get(s.url("/v1/experiments/full/results")).send().await.unwrap().status(), 200, "reads still work");
+    let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metric(&m, "abserve_store_errors_total{operation=\"events\"}").unwrap() >= 2.0);
+    assert!(metric(&m, "abserve_store_errors_total{operation=\"exposure\"}").unwrap() >= 1.0);
+    // space returns: writes succeed again
+    std::fs::remove_file(&filler).unwrap();
+    let (status, body) = post_events(&s, batch("b2", 10_000)).await;
+    assert_eq!((status, body["stored"].as_u64()), (200, Some(10_000)), "{body}");
+    drop(s);
+    // every acknowledged batch survived a restart (a repeat is recognised, nothing counted twice)
+    let s = Server::start(&["--data-dir", &data]);
+    for id in ["b1", "b2"] {
+        let n = if id == "b1" { 100 } else { 10_000 };
+        let (status, body) = post_events(&s, batch(id, n)).await;
+        assert_eq!((status, body["duplicate_batch"].as_bool()), (200, Some(true)), "{id}: {body}");
+    }
+    let (status, body) = post_events(&s, batch("b3", 10)).await;
+    assert_eq!((status, body["stored"].as_u64()), (200, Some(10)), "b3 was refused, never stored: {body}");
+}

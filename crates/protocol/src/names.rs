@@ -23,6 +23,8 @@ pub const FULL_CONTEXT_SEQUENCES: &str = "abserve_full_context_sequences";
 pub const REQUESTS: &str = "abserve_requests_total";
 /// Label `reason`.
 pub const REJECTIONS: &str = "abserve_rejections_total";
+/// Store writes that failed (disk full, unwritable, busy), by operation: exposure, events, experiment.
+pub const STORE_ERRORS: &str = "abserve_store_errors_total";
 pub const REQUESTS_RUNNING: &str = "abserve_requests_running";
 pub const REQUESTS_WAITING: &str = "abserve_requests_waiting";
 pub const REQUESTS_HELD_FOR_LATENCY: &str = "abserve_requests_held_for_latency";

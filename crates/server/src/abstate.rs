@@ -88,7 +88,7 @@ impl AbState {
         tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap_or_else(|p| p.into_inner())))
             .await
             .map_err(|e| ApiError::internal(format!("storage task failed: {e}")))?
-            .map_err(|e| ApiError::internal(e.to_string()))
+            .map_err(store_error)
     }
 
     pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
@@ -96,3 +96,20 @@ impl AbState {
     }
 }
 
+
+/// A failed store operation as the client should see it: nothing of the request was stored,
+/// and the status says whether and when to retry (507 disk full, 503 unwritable or busy).
+fn store_error(e: abserve_ab::StoreError) -> ApiError {
+    use abserve_ab::StoreCondition as C;
+    let what = "Nothing of this request was stored";
+    match e.condition() {
+        C::Full => ApiError::insufficient_storage(format!("The experiment store is full ({e}). {what}; retry once space is freed.")),
+        C::Unwritable => ApiError::unavailable(format!("The experiment store cannot be written ({e}). {what}.")),
+        C::Busy => {
+            let mut err = ApiError::unavailable(format!("The experiment store is busy ({e}). {what}; retry shortly."));
+            err.retry_after = Some(1);
+            err
+        }
+        C::Other => ApiError::internal(e.to_string()),
+    }
+}

@@ -59,7 +59,7 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
     // name exactly one gets 201
     let stored = e.clone();
-    if !ab.with_store(move |s| s.create_experiment(&stored)).await? {
+    if !ab.with_store(move |s| s.create_experiment(&stored)).await.inspect_err(|_| state.metrics.store_error("experiment"))? {
         let mut err = ApiError::bad_request(format!("An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.", e.name, e.name));
         err.status = StatusCode::CONFLICT;
         return Err(err);
@@ -79,7 +79,7 @@ pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
         return Err(ApiError::invalid_param("name", format!("The body names '{}' but the path names '{name}'.", e.name)));
     }
     let stored = e.clone();
-    ab.with_store(move |s| s.put_experiment(&stored)).await?;
+    ab.with_store(move |s| s.put_experiment(&stored)).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.insert(e.clone());
     Ok(Json(e).into_response())
 }
@@ -88,7 +88,7 @@ pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     let ab = ab(&state)?;
     find(&state, &name)?;
     let n = name.clone();
-    ab.with_store(move |s| s.delete_experiment(&n)).await?;
+    ab.with_store(move |s| s.delete_experiment(&n)).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.remove(&name);
     Ok(Json(Deleted { id: name, object: "experiment".into(), deleted: true }).into_response())
 }
@@ -120,7 +120,10 @@ pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
         return Err(ApiError::invalid_param("events", format!("event for unit '{}' metric '{}' is invalid (empty name or non-finite value)", bad.unit, bad.metric)));
     }
     let n = events.len();
-    let stored = ab.with_store(move |s| s.record_events(&name, batch_id.as_deref(), &events)).await?;
+    let stored = ab
+        .with_store(move |s| s.record_events(&name, batch_id.as_deref(), &events))
+        .await
+        .inspect_err(|_| state.metrics.store_error("events"))?;
     Ok(Json(EventsAccepted { accepted: n, stored, duplicate_batch: stored == 0 }).into_response())
 }
 

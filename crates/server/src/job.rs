@@ -84,6 +84,11 @@ pub(crate) async fn expose(state: &AppState, routed: &Routed, d: Option<&Complet
         output_tokens: d.map(|d| d.completion_tokens as u64),
         error,
     };
-    ab.record_exposure(routed.experiment.clone(), x).await
+    let r = ab.record_exposure(routed.experiment.clone(), x).await;
+    if let Err(e) = &r {
+        tracing::error!("recording an exposure of experiment '{}' failed: {}", routed.experiment, e.message);
+        state.metrics.store_error("exposure");
+    }
+    r
 }
 

@@ -15,6 +15,7 @@ pub struct Metrics {
     registry: Registry,
     stats: Arc<EngineStats>,
     pub requests_total: IntCounterVec,
+    pub store_errors: IntCounterVec,
     pub rejections_total: IntCounterVec,
     pub ttft: Histogram,
     pub request_duration: Histogram,
@@ -110,7 +111,12 @@ impl Metrics {
         for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
             rejections_total.with_label_values(&[reason]);
         }
+        let store_errors = reg.counters(names::STORE_ERRORS, "Experiment-store writes that failed (disk full, unwritable, busy), by operation", &["operation"])?;
+        for op in ["exposure", "events", "experiment"] {
+            store_errors.with_label_values(&[op]);
+        }
         let m = Metrics {
+            store_errors,
             requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
             rejections_total,
             experiment_kv: reg.gauges(names::EXPERIMENT_KV_CELLS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
@@ -204,6 +210,10 @@ impl Metrics {
 
     pub fn count(&self, endpoint: &str, status: u16) {
         self.requests_total.with_label_values(&[endpoint, &status.to_string()]).inc();
+    }
+
+    pub fn store_error(&self, operation: &str) {
+        self.store_errors.with_label_values(&[operation]).inc();
     }
 
     pub fn reject(&self, reason: &str) {

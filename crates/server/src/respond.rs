@@ -99,10 +99,13 @@ fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
 /// Waits for every choice, records the exposure, then answers with one JSON body.
 pub(crate) async fn collect_response(state: Arc<AppState>, job: Job, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
+    // an exposure the store cannot write does not cost the client its answer: the answer says
+    // it is not in the experiment's results (and the log and /metrics say why)
+    let mut recorded = true;
     if let Some(r) = &job.routed {
         let first = results.first().and_then(|x| x.as_ref().ok()).map(|c| &c.completion);
         let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.to_string());
-        expose(&state, r, first, err).await?;
+        recorded = expose(&state, r, first, err).await.is_ok();
     }
     let want_lp = job.params.logprobs.is_some();
     let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
@@ -134,7 +137,7 @@ pub(crate) async fn collect_response(state: Arc<AppState>, job: Job, rxs: Vec<Un
         system_fingerprint: Some("abserve".into()),
         choices,
         usage: Some(usage),
-        abserve: job.routed.as_ref().map(routing),
+        abserve: job.routed.as_ref().map(|r| Routing { in_experiment: r.record && recorded, ..routing(r) }),
     };
     Ok(Json(body).into_response())
 }
@@ -273,9 +276,8 @@ async fn finish_stream(state: Arc<AppState>, job: Job, chunker: Chunker, seen: A
         (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
     };
     if let Some(r) = &job.routed {
-        if let Err(e) = expose(&state, r, done.as_ref(), err).await {
-            tracing::error!("recording an exposure failed: {}", e.message);
-        }
+        // failures are logged and counted by expose
+        let _ = expose(&state, r, done.as_ref(), err).await;
     }
     if !job.include_usage {
         return None;
