@@ -149,8 +149,12 @@ impl<R: Read> Reader<R> {
         if len > MAX_STRING {
             return Err(self.corrupt(format!("string length {len} is implausible")));
         }
-        let mut buf = vec![0u8; len as usize];
-        self.inner.read_exact(&mut buf).map_err(|_| self.corrupt("unexpected end of file"))?;
+        // grown as bytes arrive: a forged length costs no more memory than the file holds
+        let mut buf = Vec::new();
+        (&mut self.inner).take(len).read_to_end(&mut buf).map_err(|_| self.corrupt("unexpected end of file"))?;
+        if buf.len() as u64 != len {
+            return Err(self.corrupt("unexpected end of file"));
+        }
         String::from_utf8(buf).map_err(|_| self.corrupt("string is not UTF-8"))
     }
     fn scalar(&mut self, ty: u32) -> Result<Value, GgufError> {
@@ -209,7 +213,18 @@ impl GgufHeader {
             .metadata()
             .map_err(|e| GgufError::Open { path: p.clone(), source: e })?
             .len();
-        let mut r = Reader { inner: BufReader::with_capacity(1 << 20, file), path: p.clone() };
+        Self::parse(BufReader::with_capacity(1 << 20, file), file_size, p)
+    }
+
+    /// Reads a header from bytes (the whole file, or at least its header and tensor table;
+    /// `file_size` is `bytes.len()`). The reader takes untrusted input: any bytes give a header
+    /// or an error, never a panic, and memory stays proportional to the bytes.
+    pub fn from_bytes(bytes: &[u8], label: &str) -> Result<Self, GgufError> {
+        Self::parse(std::io::Cursor::new(bytes), bytes.len() as u64, label.to_string())
+    }
+
+    fn parse(inner: impl Read + Seek, file_size: u64, p: String) -> Result<Self, GgufError> {
+        let mut r = Reader { inner, path: p.clone() };
         let magic = r.u32().map_err(|_| GgufError::BadMagic { path: p.clone(), magic: 0 })?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic { path: p, magic });
@@ -230,7 +245,8 @@ impl GgufHeader {
             let v = r.value(ty)?;
             metadata.insert(key, v);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        // capacity from what the file can hold (a tensor entry is at least 24 bytes), not from its word
+        let mut tensors = Vec::with_capacity((n_tensors as usize).min(file_size as usize / 24));
         for _ in 0..n_tensors {
             let name = r.string()?;
             let n_dims = r.u32()?;
