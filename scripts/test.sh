@@ -4,9 +4,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, schemathesis" 2>/dev/null; then
   python3 -m venv .venv || exit 1
-  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" || exit 1
+  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" || exit 1
 fi
 cargo build --release --bin abserve || exit 1
 status=0

@@ -14,11 +14,11 @@ MODEL_ID = "smol"
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, context=512):
         assert BINARY.exists(), "build first: cargo build --release"
         args = [
             str(BINARY), "serve", "--model", str(MODEL), "--model-id", MODEL_ID, "--port", "0",
-            "--threads", "2", "--memory-budget", "1GiB", "--context", "512", "--kv-cells", "4096",
+            "--threads", "2", "--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096",
             "--data-dir", tempfile.mkdtemp(prefix="abserve-py-"), *extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Memory of the process against the plan.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReadyMemory {
     pub rss_bytes: u64,
     pub budget_bytes: u64,
@@ -13,7 +13,7 @@ pub struct ReadyMemory {
 }
 
 /// The memory plan's capacity.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReadyPlan {
     /// KV cells over all sequences.
     pub kv_cells: u64,
@@ -28,7 +28,7 @@ pub struct ReadyPlan {
 }
 
 /// `GET /ready` when ready (otherwise a 503 with an OpenAI error body).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Ready {
     pub status: String,
     pub model: String,
@@ -44,7 +44,7 @@ pub struct Ready {
 }
 
 /// One variant's answer in a fan-out; `error` instead of the rest when it failed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FanoutResult {
     pub variant: String,
     pub output: Option<String>,
@@ -61,7 +61,7 @@ pub struct FanoutResult {
 }
 
 /// `POST /v1/experiments/{name}/fanout`: every variant on one input.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Fanout {
     pub experiment: String,
     pub input: String,
@@ -69,7 +69,7 @@ pub struct Fanout {
 }
 
 /// `POST /v1/experiments/{name}/events`: what was taken.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventsAccepted {
     /// Events in the request.
     pub accepted: usize,
@@ -80,7 +80,7 @@ pub struct EventsAccepted {
 }
 
 /// `DELETE` of an object, as OpenAI answers it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Deleted {
     pub id: String,
     pub object: String,
@@ -88,7 +88,7 @@ pub struct Deleted {
 }
 
 /// A list, as OpenAI answers `GET` of a collection.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct List<T> {
     pub object: String,
     pub data: Vec<T>,
@@ -98,4 +98,17 @@ impl<T> List<T> {
     pub fn new(data: Vec<T>) -> List<T> {
         List { object: "list".into(), data }
     }
+}
+
+/// `GET /health`: the engine thread is alive.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+/// One server-sent event of a streamed answer (for the OpenAPI document): `data` is a
+/// [`Chunk`](crate::wire::Chunk) as JSON, an error body `{"error": ...}`, or `[DONE]` last.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SseEvent {
+    pub data: String,
 }

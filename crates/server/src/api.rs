@@ -150,6 +150,10 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
     })
 }
 
+/// OpenAI's chat completions.
+#[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest, responses(
+    (status = 200, description = "the answer; with `stream: true`, server-sent `chat.completion.chunk` events ending with `[DONE]`", content((abserve_protocol::wire::Response = "application/json"), (abserve_protocol::abserve::SseEvent = "text/event-stream")))
+))]
 pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let r = match state.prepare(move |st| chat_job(st, &body, &headers)).await {
         Ok(job) => run(state.clone(), job).await,
@@ -158,6 +162,10 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     r.unwrap_or_else(|e| e.into_response())
 }
 
+/// OpenAI's (legacy) completions.
+#[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest, responses(
+    (status = 200, description = "the answer; with `stream: true`, server-sent `text_completion` events ending with `[DONE]`", content((abserve_protocol::wire::Response = "application/json"), (abserve_protocol::abserve::SseEvent = "text/event-stream")))
+))]
 pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let r = match state.prepare(move |st| completion_job(st, &body, &headers)).await {
         Ok(job) => run(state.clone(), job).await,
@@ -166,6 +174,8 @@ pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap,
     r.unwrap_or_else(|e| e.into_response())
 }
 
+/// The one model served.
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     let model = Model { id: state.config.model_id.clone(), object: "model".into(), created: now_secs(), owned_by: "abserve".into() };
     Json(ModelList { object: "list".into(), data: vec![model] }).into_response()

@@ -47,12 +47,19 @@ async fn parse_experiment(state: &Arc<AppState>, body: Bytes) -> Result<Experime
         .await
 }
 
+/// Every experiment.
+#[utoipa::path(get, path = "/v1/experiments", responses((status = 200, description = "`{object: list, data: [experiment]}`", body = Object)))]
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let all = ab.list();
     Ok(Json(List::new(all)).into_response())
 }
 
+/// Creates an experiment (TOML's fields as JSON; every variant checked as the request it will produce).
+#[utoipa::path(post, path = "/v1/experiments", request_body = Object, responses(
+    (status = 201, description = "the experiment as stored", body = Object),
+    (status = 409, description = "an experiment of that name exists", body = abserve_protocol::wire::ErrorBody)
+))]
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = parse_experiment(&state, body).await?;
@@ -68,10 +75,14 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
+/// One experiment.
+#[utoipa::path(get, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
 pub async fn get(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
     Ok(Json(find(&state, &name)?).into_response())
 }
 
+/// Replaces an experiment's definition.
+#[utoipa::path(put, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = Object)))]
 pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = parse_experiment(&state, body).await?;
@@ -84,6 +95,8 @@ pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
     Ok(Json(e).into_response())
 }
 
+/// Deletes an experiment (its exposures and events stay).
+#[utoipa::path(delete, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Deleted)))]
 pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
@@ -101,6 +114,9 @@ enum EventsBody {
     One(OutcomeEvent),
 }
 
+/// Records outcome events: one `{unit, metric, value}`, a list of them, or `{batch_id, events}`
+/// (a batch id makes a retry idempotent).
+#[utoipa::path(post, path = "/v1/experiments/{name}/events", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = EventsAccepted)))]
 pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
@@ -127,6 +143,8 @@ pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     Ok(Json(EventsAccepted { accepted: n, stored, duplicate_batch: stored == 0 }).into_response())
 }
 
+/// Per-variant results: units, exposures, metrics with confidence intervals, SRM check.
+#[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
 pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = find(&state, &name)?;
@@ -198,13 +216,16 @@ pub fn variant_messages(v: &Variant, messages: &[ChatMessage]) -> Result<Vec<Cha
     Ok(out.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect())
 }
 
-#[derive(Deserialize)]
-struct FanoutBody {
+/// `{input}`: the user message every variant answers.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct FanoutBody {
     input: String,
 }
 
 /// Runs every variant of an experiment on one input, concurrently, and returns the outputs
 /// side by side.
+/// Every variant on one input, side by side (queued as one group: all variants or none).
+#[utoipa::path(post, path = "/v1/experiments/{name}/fanout", params(("name" = String, Path, description = "the experiment's name")), request_body = FanoutBody, responses((status = 200, body = Fanout)))]
 pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
     let e = find(&state, &name)?;
     let exp = e.clone();

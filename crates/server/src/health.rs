@@ -7,19 +7,20 @@ use std::time::Instant;
 
 use abserve_engine::plan::current_rss;
 use abserve_engine::{Request, SamplingParams};
-use abserve_protocol::abserve::{Ready, ReadyMemory, ReadyPlan};
+use abserve_protocol::abserve::{Health, Ready, ReadyMemory, ReadyPlan};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
+/// Liveness: the engine thread is alive.
+#[utoipa::path(get, path = "/health", responses((status = 200, body = Health)))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.engine.is_alive() {
-        Json(json!({"status": "ok"})).into_response()
+        Json(Health { status: "ok".into() }).into_response()
     } else {
         ApiError::unavailable("The engine thread has stopped.").into_response()
     }
@@ -70,6 +71,8 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     Ok(body)
 }
 
+/// Readiness: a real 1-token generation ran and memory is within the plan.
+#[utoipa::path(get, path = "/ready", responses((status = 200, body = Ready)))]
 pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     if state.is_shutting_down() {
         return ApiError::unavailable("not ready: shutting down").into_response();
@@ -86,6 +89,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),

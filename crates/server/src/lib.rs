@@ -14,6 +14,7 @@ mod experiments;
 mod health;
 mod job;
 mod metrics;
+mod openapi;
 mod validate;
 mod respond;
 mod routes;

@@ -21,7 +21,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{api, auth, experiments, health};
+use crate::{api, auth, experiments, health, openapi};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.body_limit;
@@ -45,6 +45,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route_layer(from_fn_with_state(state.clone(), count))
         .fallback(move || async move {
             fallback_state.metrics.count("unmatched", 404);

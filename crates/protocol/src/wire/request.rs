@@ -8,13 +8,15 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+#[allow(unused_imports)] // used by the schema examples
+use serde_json::json;
 
 fn is_false(b: &bool) -> bool {
     !*b
 }
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     One(String),
@@ -30,21 +32,21 @@ impl Stop {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// Content of a chat message: a string or a list of parts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -53,7 +55,7 @@ pub struct ContentPart {
 }
 
 /// One message of a chat request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Message {
     pub role: String,
     #[serde(default)]
@@ -68,33 +70,44 @@ impl Message {
 }
 
 /// Fields shared by chat and completions requests.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Common {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// At least 1; prompt + max_tokens must fit the context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 100000)]
     pub top_k: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0)]
     pub repetition_penalty: Option<f64>,
     /// The end user; abserve assigns experiment variants by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,19 +134,24 @@ impl Common {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(example = json!({"model": "default", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}))]
 pub struct ChatRequest {
     #[serde(flatten)]
     pub common: Common,
+    /// 1 to 1024 messages (roles: system, developer, user, assistant, tool).
+    #[schema(min_items = 1, max_items = 1024)]
     pub messages: Vec<Message>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub logprobs: bool,
+    /// 0 to 20; needs `logprobs: true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
 }
 
 /// `prompt` of a completions request: text, texts, token ids or lists of token ids.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -142,13 +160,15 @@ pub enum Prompt {
     TokenLists(Vec<Vec<i64>>),
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(example = json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 4}))]
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: Common,
     pub prompt: Prompt,
     /// Completions API: number of top log-probabilities (0..=5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 5)]
     pub logprobs: Option<i64>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub echo: bool,

@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens whose KV entries were reused from an earlier request.
     #[serde(default)]
     pub cached_tokens: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     #[serde(default)]
     pub prompt_tokens: u64,
@@ -36,7 +36,7 @@ impl Usage {
 }
 
 /// One alternative of chat log-probabilities.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
@@ -45,7 +45,7 @@ pub struct TopLogprob {
 }
 
 /// A sampled token of chat log-probabilities, with its alternatives.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -56,13 +56,13 @@ pub struct TokenLogprob {
 }
 
 /// Chat log-probabilities: `{"content": [...]}`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     pub content: Vec<TokenLogprob>,
 }
 
 /// Completions log-probabilities: parallel lists.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TextLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
@@ -80,7 +80,7 @@ pub enum Logprobs {
 }
 
 /// What a chunk adds to a chat message (`delta`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Delta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -89,7 +89,7 @@ pub struct Delta {
 }
 
 /// One choice of a streamed chunk: chat chunks carry `delta`, completions chunks `text`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChunkChoice {
     #[serde(default)]
     pub index: u32,
@@ -98,6 +98,7 @@ pub struct ChunkChoice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub logprobs: Option<Logprobs>,
     #[serde(default)]
     pub finish_reason: Option<String>,
@@ -112,7 +113,7 @@ impl ChunkChoice {
 
 /// A streamed `chat.completion.chunk` or `text_completion` chunk, or an error sent in the
 /// stream (abserve and vLLM send `{"error": {...}}` when a generation fails mid-stream).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Chunk {
     #[serde(default)]
     pub id: String,
@@ -133,7 +134,7 @@ pub struct Chunk {
 }
 
 /// The message of a whole chat choice.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResponseMessage {
     pub role: String,
     #[serde(default)]
@@ -141,7 +142,7 @@ pub struct ResponseMessage {
 }
 
 /// One choice of a whole response: chat choices carry `message`, completions choices `text`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Choice {
     #[serde(default)]
     pub index: u32,
@@ -150,6 +151,7 @@ pub struct Choice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub logprobs: Option<Logprobs>,
     #[serde(default)]
     pub finish_reason: Option<String>,
@@ -162,7 +164,7 @@ impl Choice {
 }
 
 /// Where abserve routed a request to `experiment:<name>` (the `abserve` field of a response).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Routing {
     pub experiment: String,
     pub variant: String,
@@ -177,7 +179,7 @@ pub struct Routing {
 }
 
 /// A whole (not streamed) `chat.completion` or `text_completion`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Response {
     #[serde(default)]
     pub id: String,
@@ -198,7 +200,7 @@ pub struct Response {
 }
 
 /// OpenAI's error object.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorObject {
     #[serde(default)]
     pub message: String,
@@ -211,12 +213,12 @@ pub struct ErrorObject {
 }
 
 /// The body of an error response, and an error inside a stream: `{"error": {...}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorObject,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Model {
     pub id: String,
     #[serde(default)]
@@ -228,7 +230,7 @@ pub struct Model {
 }
 
 /// `GET /v1/models`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelList {
     #[serde(default)]
     pub object: String,

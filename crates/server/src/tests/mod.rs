@@ -362,3 +362,23 @@ async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_varian
     ranks.sort();
     assert_eq!(ranks, [0, 1]);
 }
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_with_its_error_answers() {
+    let a = app(None);
+    let (s, _, bytes) = a.call("GET", "/openapi.json", None, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let doc: Value = serde_json::from_slice(&bytes).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for p in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/experiments", "/v1/experiments/{name}",
+              "/v1/experiments/{name}/fanout", "/v1/experiments/{name}/events", "/v1/experiments/{name}/results",
+              "/health", "/ready", "/metrics", "/openapi.json"] {
+        assert!(paths.contains_key(p), "{p} missing");
+    }
+    let chat = &doc["paths"]["/v1/chat/completions"]["post"];
+    for code in ["200", "400", "413", "415", "429", "503"] {
+        assert!(chat["responses"].get(code).is_some(), "chat lacks {code}");
+    }
+    assert!(chat["responses"]["200"]["content"].get("text/event-stream").is_some());
+    assert_eq!(doc["components"]["schemas"]["Common"]["properties"]["temperature"]["maximum"], 2.0);
+}
