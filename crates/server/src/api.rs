@@ -13,7 +13,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::experiments::{apply_variant, route, variant_messages};
-use crate::job::{fit_context, Job, Kind, Routed};
+use crate::job::{fit_context, ValidRequest, Kind, Routed};
 use crate::validate::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
 use crate::respond::{collect_response, now_secs, stream_response};
 use crate::state::AppState;
@@ -63,7 +63,7 @@ fn route_experiment(
     Ok((v, routed))
 }
 
-fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
+fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_body(body)?;
     let mut messages = messages(&req)?;
     let n = n(&req.common)?;
@@ -81,7 +81,7 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, A
     // the rendered template carries its own special tokens; do not add BOS twice
     let prompt = state.engine.tokenize(&text, false);
     fit_context(state, &prompt, &mut params, explicit)?;
-    Ok(Job {
+    Ok(ValidRequest {
         prompts: vec![prompt; n],
         params,
         model,
@@ -92,7 +92,7 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, A
     })
 }
 
-fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<Job, ApiError> {
+fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidRequest, ApiError> {
     let mut req: CompletionRequest = parse_body(body)?;
     if req.echo {
         // it used to be accepted and ignored; a client that asks for its prompt back must know
@@ -139,7 +139,7 @@ fn completion_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<
         fit_context(state, p, &mut params, explicit)?;
     }
     let prompts = base.into_iter().flat_map(|p| std::iter::repeat_n(p, n)).collect();
-    Ok(Job {
+    Ok(ValidRequest {
         prompts,
         params,
         model,
@@ -182,7 +182,7 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Admits every sequence of the job (all or none), then answers.
-async fn run(state: Arc<AppState>, job: Job) -> Result<Response, ApiError> {
+async fn run(state: Arc<AppState>, job: ValidRequest) -> Result<Response, ApiError> {
     let mut rxs = Vec::with_capacity(job.prompts.len());
     for p in &job.prompts {
         let req = Request {

@@ -1,5 +1,5 @@
 //! A request after validation and routing, on its way to the engine: its prompts, sampling
-//! parameters and routing ([`Job`]); the context check every prompt passes ([`fit_context`]);
+//! parameters and routing ([`ValidRequest`]); the context check every prompt passes ([`fit_context`]);
 //! and the exposure a routed request records ([`expose`]).
 
 use abserve_engine::{Completion, SamplingParams};
@@ -27,7 +27,7 @@ pub struct Routed {
 }
 
 /// Tokenized prompts plus sampling parameters, checked against the context.
-pub(crate) struct Job {
+pub(crate) struct ValidRequest {
     pub prompts: Vec<Vec<i32>>,
     pub params: SamplingParams,
     pub model: String,

@@ -20,7 +20,7 @@ use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::job::{expose, Job, Kind, Routed};
+use crate::job::{expose, ValidRequest, Kind, Routed};
 use crate::state::AppState;
 
 impl Kind {
@@ -97,7 +97,7 @@ fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
 }
 
 /// Waits for every choice, records the exposure, then answers with one JSON body.
-pub(crate) async fn collect_response(state: Arc<AppState>, job: Job, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
+pub(crate) async fn collect_response(state: Arc<AppState>, job: ValidRequest, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     // an exposure the store cannot write does not cost the client its answer: the answer says
     // it is not in the experiment's results (and the log and /metrics say why)
@@ -215,7 +215,7 @@ struct Seen {
 /// Merges the per-choice event streams into OpenAI's chunk sequence.
 pub(crate) fn stream_response(
     state: Arc<AppState>,
-    job: Job,
+    job: ValidRequest,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let object = if job.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
@@ -270,7 +270,7 @@ pub(crate) fn stream_response(
 }
 
 /// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
-async fn finish_stream(state: Arc<AppState>, job: Job, chunker: Chunker, seen: Arc<Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
+async fn finish_stream(state: Arc<AppState>, job: ValidRequest, chunker: Chunker, seen: Arc<Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
     let (done, err, completion) = {
         let s = seen.lock().unwrap_or_else(|p| p.into_inner());
         (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
