@@ -1,0 +1,82 @@
+//! The operator files under deploy/: the Prometheus alert rules pass `promtool check rules` and
+//! their unit tests (`promtool test rules`), and every metric they use is one a real
+//! `abserve serve` exports.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use support::Server;
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+fn promtool(args: &[&str]) {
+    let out = Command::new("promtool").args(args).current_dir(deploy().join("prometheus")).output();
+    let out = out.expect("promtool missing: run scripts/setup.sh");
+    assert!(out.status.success(), "promtool {args:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_their_unit_tests() {
+    promtool(&["check", "rules", "alerts.yml"]);
+    promtool(&["test", "rules", "alerts_test.yml"]);
+}
+
+/// Metric names in PromQL expressions.
+fn metrics_used<'a>(exprs: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut names = vec![];
+    for line in exprs {
+        let mut word = String::new();
+        for ch in line.chars().chain([' ']) {
+            if ch.is_ascii_alphanumeric() || ch == '_' || ch == ':' {
+                word.push(ch);
+                continue;
+            }
+            // a metric is a word followed by `{` or a word that starts abserve_/process_
+            if (ch == '{' || word.starts_with("abserve_") || word.starts_with("process_")) && !word.is_empty() && !names.contains(&word) {
+                names.push(word.clone());
+            }
+            word.clear();
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
+    let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();
+    let mut used = metrics_used(rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")));
+    assert!(used.len() >= 8, "{used:?}");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(deploy().join("grafana/abserve.json")).unwrap()).unwrap();
+    let exprs: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap()))
+        .collect();
+    assert!(exprs.len() >= 10);
+    used.extend(metrics_used(exprs.into_iter()));
+    // per-experiment series exist once an experiment has run
+    let dir = std::env::temp_dir().join(format!("abserve-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("e.toml");
+    std::fs::write(&file, "[[experiment]]\nname = \"e\"\n[[experiment.variants]]\nid = \"a\"\n[[experiment.variants]]\nid = \"b\"\n").unwrap();
+    let s = Server::start(&["--experiments", &file.display().to_string()]);
+    let c = reqwest::Client::new();
+    let body = serde_json::json!({"model": "experiment:e", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "u"});
+    assert_eq!(c.post(s.url("/v1/chat/completions")).json(&body).send().await.unwrap().status(), 200);
+    let text = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let exported = abserve_protocol::parse_prometheus(&text);
+    for name in used {
+        // `up` is Prometheus's own, for every scrape target
+        if name == "up" {
+            continue;
+        }
+        let found = exported.get(&name).is_some() || exported.has_prefix(&format!("{name}{{"));
+        assert!(found, "{name} is used but abserve does not export it");
+    }
+}
