@@ -68,7 +68,15 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     let c = reqwest::Client::new();
     let body = serde_json::json!({"model": "experiment:e", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "u"});
     assert_eq!(c.post(s.url("/v1/chat/completions")).json(&body).send().await.unwrap().status(), 200);
-    let text = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    // the SRM p-value is refreshed in the background (at start, then every 30 s)
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        if text.contains("abserve_experiment_srm_p_value{") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let exported = abserve_protocol::parse_prometheus(&text);
     for name in used {

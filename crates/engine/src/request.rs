@@ -88,6 +88,19 @@ pub enum GenerationError {
     EngineStopped,
 }
 
+impl GenerationError {
+    /// A short stable name for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GenerationError::OutOfMemory => "out_of_memory",
+            GenerationError::NoSlot => "no_slot",
+            GenerationError::Decode(_) => "decode",
+            GenerationError::ShuttingDown => "shutting_down",
+            GenerationError::EngineStopped => "engine_stopped",
+        }
+    }
+}
+
 pub type EventSender = UnboundedSender<Event>;
 pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<Event>;
 

@@ -23,6 +23,10 @@ pub const FULL_CONTEXT_SEQUENCES: &str = "abserve_full_context_sequences";
 pub const REQUESTS: &str = "abserve_requests_total";
 /// Label `reason`.
 pub const REJECTIONS: &str = "abserve_rejections_total";
+/// Generations that ended in an error after admission, by kind (out_of_memory, no_slot, decode, ...).
+pub const GENERATION_ERRORS: &str = "abserve_generation_errors_total";
+/// p-value of the sample-ratio-mismatch test of each experiment (refreshed every 30 s).
+pub const EXPERIMENT_SRM_P_VALUE: &str = "abserve_experiment_srm_p_value";
 /// Store writes that failed (disk full, unwritable, busy), by operation: exposure, events, experiment.
 pub const STORE_ERRORS: &str = "abserve_store_errors_total";
 pub const REQUESTS_RUNNING: &str = "abserve_requests_running";

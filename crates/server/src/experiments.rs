@@ -267,6 +267,7 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
                 r.finish_reason = Some(d.finish_reason.as_str().into());
             }
             Err(err) => {
+                state.metrics.generation_error(&err);
                 orders.push(u64::MAX);
                 r.error = Some(err.to_string());
             }

@@ -8,7 +8,7 @@ use abserve_engine::plan::MemoryPlan;
 use abserve_engine::EngineStats;
 use abserve_protocol::names;
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -16,6 +16,8 @@ pub struct Metrics {
     stats: Arc<EngineStats>,
     pub requests_total: IntCounterVec,
     pub store_errors: IntCounterVec,
+    pub generation_errors: IntCounterVec,
+    pub experiment_srm: GaugeVec,
     pub rejections_total: IntCounterVec,
     pub ttft: Histogram,
     pub request_duration: Histogram,
@@ -115,7 +117,18 @@ impl Metrics {
         for op in ["exposure", "events", "experiment"] {
             store_errors.with_label_values(&[op]);
         }
+        let generation_errors = reg.counters(names::GENERATION_ERRORS, "Generations that ended in an error after admission, by kind", &["kind"])?;
+        for kind in ["out_of_memory", "no_slot", "decode", "shutting_down", "engine_stopped"] {
+            generation_errors.with_label_values(&[kind]);
+        }
+        let experiment_srm = GaugeVec::new(
+            prometheus::Opts::new(names::EXPERIMENT_SRM_P_VALUE, "p-value of each experiment's sample-ratio-mismatch test (chi-squared; below 0.001 is a mismatch)"),
+            &["experiment"],
+        )?;
+        registry.register(Box::new(experiment_srm.clone()))?;
         let m = Metrics {
+            generation_errors,
+            experiment_srm,
             store_errors,
             requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
             rejections_total,
@@ -210,6 +223,10 @@ impl Metrics {
 
     pub fn count(&self, endpoint: &str, status: u16) {
         self.requests_total.with_label_values(&[endpoint, &status.to_string()]).inc();
+    }
+
+    pub fn generation_error(&self, e: &abserve_engine::GenerationError) {
+        self.generation_errors.with_label_values(&[e.kind()]).inc();
     }
 
     pub fn store_error(&self, operation: &str) {

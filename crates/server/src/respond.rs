@@ -99,6 +99,9 @@ fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
 /// Waits for every choice, records the exposure, then answers with one JSON body.
 pub(crate) async fn collect_response(state: Arc<AppState>, job: ValidRequest, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        state.metrics.generation_error(e);
+    }
     // an exposure the store cannot write does not cost the client its answer: the answer says
     // it is not in the experiment's results (and the log and /metrics say why)
     let mut recorded = true;
@@ -194,6 +197,7 @@ impl Chunker {
                 Some(Piece::Last(self.chunk(vec![c]), d))
             }
             Event::Error(e) => {
+                self.state.metrics.generation_error(&e);
                 let message = e.to_string();
                 let error = ErrorObject { message: message.clone(), kind: Some("server_error".into()), param: None, code: None };
                 Some(Piece::Error(ErrorBody { error }, message))

@@ -102,6 +102,27 @@ impl AppState {
         });
     }
 
+    /// Every 30 s, each experiment's sample-ratio-mismatch p-value into `/metrics` (results are
+    /// computed off the async threads; a failing store leaves the last values).
+    pub fn spawn_srm_meter(self: &Arc<Self>) {
+        let st = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                tick.tick().await;
+                let Some(ab) = st.ab.as_ref() else { return };
+                for e in ab.list() {
+                    let name = e.name.clone();
+                    if let Ok(r) = ab.with_store(move |s| s.results(&e)).await {
+                        // NaN until the experiment has units to test
+                        let p = r.srm.map_or(f64::NAN, |s| s.p_value);
+                        st.metrics.experiment_srm.with_label_values(&[name.as_str()]).set(p);
+                    }
+                }
+            }
+        });
+    }
+
     /// Seconds until the queue has room, from the current drain rate.
     pub fn retry_after(&self) -> u64 {
         let rate = self.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;

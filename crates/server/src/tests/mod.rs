@@ -272,6 +272,9 @@ async fn a_generation_that_fails_is_an_error_chunk_in_a_stream_and_a_503_whole()
     assert!(err.error.message.contains("fake failure"));
     assert_eq!(err.error.kind.as_deref(), Some("server_error"));
     assert!(done);
+    let (_, _, m) = a.call("GET", "/metrics", None, &[]).await;
+    let m = abserve_protocol::parse_prometheus(&String::from_utf8(m).unwrap());
+    assert_eq!(m.get("abserve_generation_errors_total{kind=\"decode\"}"), Some(2.0), "both failures counted");
 }
 
 const EXPERIMENT: &str = r#"
