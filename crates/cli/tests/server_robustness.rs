@@ -125,7 +125,16 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     // one request first, so that the compute buffers are touched before "idle" is measured
     let warm = c.post(s.url("/v1/completions")).json(&json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4})).send().await.unwrap();
     assert_eq!(warm.status(), 200);
-    let idle = metrics(&c, &s).await;
+    // the answer can reach the client a step before the engine frees its cells: wait for idle
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let idle = loop {
+        let m = metrics(&c, &s).await;
+        if metric(&m, "abserve_requests_running") == Some(0.0) && metric(&m, "abserve_kv_cells_used") == Some(0.0) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the warm-up request did not leave the engine idle");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let idle_kv = metric(&idle, "abserve_kv_cells_used").unwrap();
     let idle_rss = metric(&idle, "process_resident_memory_bytes").unwrap();
     let started = Instant::now();
