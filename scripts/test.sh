@@ -4,6 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+# PostgreSQL and RabbitMQ for the store and queue tests (used when running, else started)
+bash scripts/services.sh || exit 1
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, schemathesis" 2>/dev/null; then
   python3 -m venv .venv || exit 1
   .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" || exit 1

@@ -23,10 +23,34 @@ def test_manifests_validate_against_the_kubernetes_schemas():
     assert len(manifests) >= 2
     out = run(TOOLS / "kubernetes-validate", "--strict", *manifests)
     for kind in ["deployment/abserve", "service/abserve", "poddisruptionbudget/abserve", "horizontalpodautoscaler/abserve",
-                 "resourcequota/gpu-quota", "limitrange/gpu-limits", "networkpolicy/abserve"]:
+                 "resourcequota/gpu-quota", "limitrange/gpu-limits", "networkpolicy/abserve",
+                 "deployment/abserve-worker", "networkpolicy/abserve-worker"]:
         assert f"resource {kind} " in out, out
 
 
 def test_checkov_finds_nothing_unjustified():
     out = run(TOOLS / "checkov", "-d", "deploy", "--framework", "kubernetes", "dockerfile", "--compact", "--skip-download")
     assert "Failed checks: 0" in out, out
+
+
+def test_keda_scales_the_worker_deployment_on_its_queue():
+    """KEDA's CRDs are not among the Kubernetes schemas kubernetes-validate has (it only warns),
+    so the ScaledObject is checked for what must agree with the worker Deployment."""
+    import yaml
+
+    keda = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "keda.yaml").read_text()))
+    worker = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "worker.yaml").read_text()) if d["kind"] == "Deployment")
+    scaled = next(d for d in keda if d["kind"] == "ScaledObject")
+    auth = next(d for d in keda if d["kind"] == "TriggerAuthentication")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == worker["metadata"]["name"]
+    assert scaled["metadata"]["namespace"] == worker["metadata"]["namespace"] == auth["metadata"]["namespace"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "rabbitmq" and trigger["metadata"]["mode"] == "QueueLength"
+    args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--queue={trigger['metadata']['queueName']}" in args
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    # no more workers than the namespace's GPU quota allows
+    quota = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "quota.yaml").read_text()) if d["kind"] == "ResourceQuota")
+    gpus = int(quota["spec"]["hard"]["requests.nvidia.com/gpu"])
+    assert scaled["spec"]["maxReplicaCount"] <= gpus

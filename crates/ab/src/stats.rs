@@ -19,10 +19,19 @@ pub struct Summary {
 pub fn summarize(xs: &[f64]) -> Summary {
     let n = xs.len();
     if n == 0 {
-        return Summary { n, mean: f64::NAN, sd: f64::NAN, ci_low: f64::NAN, ci_high: f64::NAN };
+        return from_moments(0, f64::NAN, f64::NAN);
     }
     let mean = xs.iter().sum::<f64>() / n as f64;
-    let var = if n > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64 } else { f64::NAN };
+    from_moments(n, mean, xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>())
+}
+
+/// The summary of `n` values from their mean and their sum of squared deviations from it
+/// (what a database computes with two aggregations, without sending the values).
+pub fn from_moments(n: usize, mean: f64, squared_deviations: f64) -> Summary {
+    if n == 0 {
+        return Summary { n, mean: f64::NAN, sd: f64::NAN, ci_low: f64::NAN, ci_high: f64::NAN };
+    }
+    let var = if n > 1 { squared_deviations.max(0.0) / (n - 1) as f64 } else { f64::NAN };
     let sd = var.sqrt();
     let half = if n > 1 { t_quantile(0.975, (n - 1) as f64) * sd / (n as f64).sqrt() } else { f64::NAN };
     Summary { n, mean, sd, ci_low: mean - half, ci_high: mean + half }
@@ -50,7 +59,11 @@ pub struct Comparison {
 }
 
 pub fn welch(control: &[f64], treatment: &[f64]) -> Option<Comparison> {
-    let (c, t) = (summarize(control), summarize(treatment));
+    welch_summaries(&summarize(control), &summarize(treatment))
+}
+
+/// Welch's test from the two groups' summaries.
+pub fn welch_summaries(c: &Summary, t: &Summary) -> Option<Comparison> {
     if c.n < 2 || t.n < 2 {
         return None;
     }

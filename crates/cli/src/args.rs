@@ -100,3 +100,11 @@ impl ModelArgs {
         Ok(c)
     }
 }
+
+/// The store a `--store` value names, or the SQLite file in `data_dir` without one.
+pub fn store_location(store: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<abserve_ab::Location> {
+    Ok(match store {
+        Some(s) => s.parse()?,
+        None => abserve_ab::Location::Sqlite(data_dir.join("abserve.db")),
+    })
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use abserve_engine::Engine;
-use abserve_eval::{summarize_run, table, Dataset, EvalConfig, Http, Options, RunFacts, ScorerKind, Target};
+use abserve_eval::{summarize_run, table, Dataset, EvalConfig, Http, Options, QueueSpec, RunFacts, ScorerKind, Source, Target};
 use anyhow::Context;
 use clap::Args;
 
@@ -27,6 +27,13 @@ pub struct EvalArgs {
     /// (abserve, vLLM, llama.cpp server, https://api.openai.com).
     #[arg(long, conflicts_with = "model")]
     pub url: Option<String>,
+    /// Publish the rows × variants as jobs on RabbitMQ for `abserve worker`s to answer
+    /// (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) instead of asking a model here.
+    #[arg(long, env = "ABSERVE_AMQP", hide_env_values = true, conflicts_with_all = ["url", "model"])]
+    pub amqp: Option<String>,
+    /// The jobs queue the workers consume (with --amqp).
+    #[arg(long, default_value = "abserve.jobs", requires = "amqp")]
+    pub queue: String,
     /// Model name at --url (default: the first of its /v1/models).
     #[arg(long, requires = "url")]
     pub remote_model: Option<String>,
@@ -60,15 +67,20 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let key = std::env::var(&a.api_key_env).ok().filter(|k| !k.is_empty());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let target = match &a.url {
-            Some(url) => Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await?),
-            None => {
+        let source = match (&a.url, &a.amqp) {
+            (Some(url), _) => Source::Target(Arc::new(Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await?))),
+            (None, Some(amqp)) => Source::Queue(QueueSpec { amqp: amqp.clone(), queue: a.queue.clone(), prefetch: 64 }),
+            (None, None) => {
                 let engine_cfg = a.model.engine_config()?;
                 let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
-                Target::Engine(Arc::new(engine))
+                Source::Target(Arc::new(Target::Engine(Arc::new(engine))))
             }
         };
-        let target = Arc::new(target);
+        let described = match &source {
+            Source::Target(t) => t.describe(),
+            Source::Queue(q) => format!("workers of queue '{}' at {}", q.queue, abserve_eval::queue::without_password(&q.amqp)),
+        };
+        let in_process = matches!(&source, Source::Target(t) if matches!(**t, Target::Engine(_)));
         let judge_target = match cfg.judge().map(|s| &s.kind) {
             Some(ScorerKind::Judge { url: Some(u), model, .. }) => {
                 Some(Arc::new(Target::Http(Http::connect(u, key.clone(), model.clone()).await?)))
@@ -81,18 +93,15 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             ds.rows.len(),
             cfg.experiment.variants.len(),
             cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", "),
-            target.describe()
+            described
         );
-        let outcome = abserve_eval::run(&cfg, &ds, target.clone(), judge_target, &opts).await?;
+        let outcome = abserve_eval::run(&cfg, &ds, source, judge_target, &opts).await?;
         let facts = RunFacts {
-            target: target.describe(),
+            target: described,
             concurrency: outcome.capacity.concurrency,
             concurrency_source: outcome.capacity.source.clone(),
             wall_seconds: outcome.wall.as_secs_f64(),
-            peak_memory_bytes: match &*target {
-                Target::Engine(_) => Some(abserve_engine::plan::peak_rss()),
-                Target::Http(_) => outcome.peak_memory,
-            },
+            peak_memory_bytes: if in_process { Some(abserve_engine::plan::peak_rss()) } else { outcome.peak_memory },
         };
         let s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments, facts);
         let out = &a.out;

@@ -1,9 +1,9 @@
 //! `abserve experiments`: read experiments and their results straight from the store
-//! (`--data-dir`), with or without a running server.
+//! (`--store`, or the SQLite file in `--data-dir`), with or without a running server.
 
 use std::path::PathBuf;
 
-use abserve_ab::Store;
+use abserve_ab::{Location, Store};
 use clap::{Args, Subcommand};
 
 #[derive(Args, Debug)]
@@ -11,6 +11,9 @@ pub struct ExperimentsArgs {
     /// Where `abserve serve` keeps experiments, exposures and events.
     #[arg(long, default_value = "abserve-data", global = true)]
     pub data_dir: PathBuf,
+    /// The store `abserve serve --store` uses (postgres://…, sqlite://FILE or a directory).
+    #[arg(long, env = "ABSERVE_STORE", hide_env_values = true, global = true)]
+    pub store: Option<String>,
     #[command(subcommand)]
     pub command: ExperimentsCommand,
 }
@@ -29,20 +32,28 @@ pub enum ExperimentsCommand {
 }
 
 pub fn run(a: ExperimentsArgs) -> anyhow::Result<()> {
-    if !a.data_dir.join("abserve.db").exists() {
-        anyhow::bail!("no abserve store in {} (start `abserve serve --data-dir {}` first)", a.data_dir.display(), a.data_dir.display());
+    let at = crate::args::store_location(a.store.as_deref(), &a.data_dir)?;
+    if let Location::Sqlite(f) = &at {
+        if !f.exists() {
+            anyhow::bail!("no abserve store at {} (start `abserve serve --data-dir {}` first)", f.display(), a.data_dir.display());
+        }
     }
-    let store = Store::open(&a.data_dir)?;
-    match a.command {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(show(a.command, at))
+}
+
+async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
+    let store = Store::connect(&at).await?;
+    match command {
         ExperimentsCommand::List => {
-            for e in store.experiments()? {
+            for e in store.experiments().await? {
                 let ids: Vec<&str> = e.variants.iter().map(|v| v.id.as_str()).collect();
                 println!("{:<24} {:?} variants: {}", e.name, e.status, ids.join(", "));
             }
         }
         ExperimentsCommand::Results { name, json } => {
-            let e = store.experiment(&name)?.ok_or_else(|| anyhow::anyhow!("no experiment named '{name}'"))?;
-            let r = store.results(&e)?;
+            let e = store.experiment(&name).await?.ok_or_else(|| anyhow::anyhow!("no experiment named '{name}'"))?;
+            let r = store.results(&e).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
                 return Ok(());

@@ -55,9 +55,18 @@ pub struct ServeArgs {
     /// (default: the file's definitions win at every start).
     #[arg(long)]
     pub keep_stored_experiments: bool,
-    /// Where experiments, exposures and events are stored (SQLite).
+    /// Where experiments, exposures and events are stored when --store is not given (SQLite
+    /// file `abserve.db` in this directory).
     #[arg(long, default_value = "abserve-data")]
     pub data_dir: std::path::PathBuf,
+    /// The experiment store: `postgres://USER@HOST:PORT/DB` (shared by replicas), `sqlite://FILE`
+    /// or a directory [default: --data-dir].
+    #[arg(long, env = "ABSERVE_STORE", hide_env_values = true)]
+    pub store: Option<String>,
+    /// Seconds between reloads of the experiments from the store, the bound on how long a change
+    /// made through another replica takes to route here (PostgreSQL's NOTIFY is usually faster).
+    #[arg(long, default_value_t = 2.0)]
+    pub store_poll: f64,
     /// Test-only: admit without checking free KV cells, in one unified KV pool (the only layout
     /// that can run out: a split stream always holds its own sequence).
     #[arg(long, hide = true)]
@@ -69,7 +78,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     cfg.admission_control = !a.unsafe_no_admission_control;
     // the queue bound is resolved against the plan's slots when the engine starts (planned once)
     cfg.max_queue = a.max_queue.map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
-    for (name, v) in [("--queue-timeout", a.queue_timeout), ("--drain-timeout", a.drain_timeout), ("--header-read-timeout", a.header_read_timeout)] {
+    for (name, v) in [
+        ("--queue-timeout", a.queue_timeout),
+        ("--drain-timeout", a.drain_timeout),
+        ("--header-read-timeout", a.header_read_timeout),
+        ("--store-poll", a.store_poll),
+    ] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
         }
@@ -77,8 +91,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
     });
-    // a bad experiments file is an error before any model work
-    let ab = AbState::open(&a.data_dir, a.experiments.as_deref(), a.keep_stored_experiments)?;
+    // a bad experiments file or an unreachable store is an error before any model work
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let store = crate::args::store_location(a.store.as_deref(), &a.data_dir)?;
+    let poll = Duration::from_secs_f64(a.store_poll);
+    let ab = rt.block_on(AbState::open(&store, a.experiments.as_deref(), a.keep_stored_experiments, poll))?;
     let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
@@ -98,7 +115,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     };
     let state = AppState::new(engine, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(abserve_server::serve(state.clone(), addr, std::future::pending(), |bound| {
         tracing::info!("listening on http://{bound} (model id '{}')", state.config.model_id);
         // a line tests and scripts can wait for

@@ -7,6 +7,7 @@ mod cmd_generate;
 mod cmd_loadtest;
 mod cmd_plan;
 mod cmd_serve;
+mod cmd_worker;
 
 use clap::{Parser, Subcommand};
 
@@ -29,13 +30,15 @@ enum Command {
     Experiments(cmd_experiments::ExperimentsArgs),
     /// Run every variant of an experiment over a dataset, score the answers, compare with control.
     Eval(cmd_eval::EvalArgs),
+    /// Answer queued eval jobs (`eval --amqp`) from RabbitMQ on one shared model.
+    Worker(cmd_worker::WorkerArgs),
     /// Drive an OpenAI-compatible server with load; --assert-no-oom is the CI check.
     Loadtest(cmd_loadtest::LoadtestArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ABSERVE_LOG")
@@ -49,6 +52,7 @@ fn main() {
         Command::Serve(a) => cmd_serve::run(a),
         Command::Experiments(a) => cmd_experiments::run(a),
         Command::Eval(a) => cmd_eval::run(a),
+        Command::Worker(a) => cmd_worker::run(a),
         Command::Loadtest(a) => match cmd_loadtest::run(a) {
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),

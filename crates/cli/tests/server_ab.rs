@@ -165,8 +165,8 @@ async fn acknowledged_events_survive_kill_9_and_are_not_counted_twice() {
     // a retried batch is not stored again
     let r: Value = c.post(s.url("/v1/experiments/durable/events")).json(&batches[7]).send().await.unwrap().json().await.unwrap();
     assert_eq!(r["duplicate_batch"], true);
-    let store = abserve_ab::Store::open(&dir).unwrap();
-    assert_eq!(store.count_events("durable").unwrap(), 1000);
+    let store = abserve_ab::Store::open(&dir).await.unwrap();
+    assert_eq!(store.count_events("durable").await.unwrap(), 1000);
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

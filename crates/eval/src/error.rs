@@ -28,6 +28,12 @@ pub enum EvalError {
     NoModel(#[source] ClientError),
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The job queue (RabbitMQ): connecting, declaring, publishing, consuming.
+    #[error("job queue: {0}")]
+    Queue(String),
+    /// The worker's result store.
+    #[error(transparent)]
+    Store(#[from] abserve_ab::StoreError),
     /// The HTML report's template failed to render.
     #[error("report template: {0}")]
     Report(String),

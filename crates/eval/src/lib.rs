@@ -8,6 +8,10 @@
 //! checked; `runner` asks `target` for every row × variant (resumable through `results`),
 //! `scorers` and `judge` grade the answers; `analysis` computes the paired statistics;
 //! `report_md` and `report_html` write the reports.
+//!
+//! Scale-out: with `--amqp`, `queued` publishes the rows × variants as jobs on RabbitMQ
+//! (`queue`: the messages and the topology) and `worker` answers them on other processes or
+//! machines; results come back to the same log, scorers and reports.
 
 mod analysis;
 mod config;
@@ -15,18 +19,22 @@ mod dataset;
 mod error;
 mod judge;
 mod progress;
+pub mod queue;
+mod queued;
 mod report_html;
 mod report_md;
 mod results;
 mod runner;
 mod scorers;
 mod target;
+pub mod worker;
 
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
 pub use config::{EvalConfig, ScorerKind};
 pub use dataset::Dataset;
 pub use error::{EvalError, ScoreError};
-pub use runner::{check, run, Options, Outcome};
+pub use queued::QueueSpec;
+pub use runner::{check, run, Options, Outcome, Source};
 pub use target::{Call, CallError, Capacity, Generation, Http, Target};
 
 /// The Markdown report of a summary.

@@ -139,8 +139,9 @@ async fn score_all(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, only_missing:
     }
 }
 
-async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max_overloaded: u32) -> ResultRow {
-    let mut r = ResultRow {
+/// A result row for `v` on `row`, before the answer.
+pub(crate) fn blank(row: &Row, v: &Variant) -> ResultRow {
+    ResultRow {
         row: row.id.clone(),
         line: row.line,
         variant: v.id.clone(),
@@ -156,7 +157,28 @@ async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max
         score_errors: BTreeMap::new(),
         error: None,
         attempts: 0,
-    };
+    }
+}
+
+/// Fills in an answer (scored) or its error.
+pub(crate) async fn record(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, answer: Result<crate::target::Generation, String>, attempts: u32) {
+    r.attempts = attempts;
+    match answer {
+        Ok(g) => {
+            r.output = Some(g.text);
+            r.prompt_tokens = g.prompt_tokens;
+            r.completion_tokens = g.completion_tokens;
+            r.ttft_ms = Some(g.ttft.as_secs_f64() * 1e3);
+            r.latency_ms = Some(g.latency.as_secs_f64() * 1e3);
+            r.finish_reason = Some(g.finish_reason);
+            score_all(cfg, row, r, false).await;
+        }
+        Err(e) => r.error = Some(e),
+    }
+}
+
+async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max_overloaded: u32) -> ResultRow {
+    let mut r = blank(row, v);
     let call = match call_for(v, row) {
         Ok(c) => c,
         Err(e) => {
@@ -165,37 +187,42 @@ async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max
         }
     };
     let (res, attempts) = ask(target, &call, max_overloaded).await;
-    r.attempts = attempts;
-    match res {
-        Ok(g) => {
-            r.output = Some(g.text);
-            r.prompt_tokens = g.prompt_tokens;
-            r.completion_tokens = g.completion_tokens;
-            r.ttft_ms = Some(g.ttft.as_secs_f64() * 1e3);
-            r.latency_ms = Some(g.latency.as_secs_f64() * 1e3);
-            r.finish_reason = Some(g.finish_reason);
-            score_all(cfg, row, &mut r, false).await;
-        }
-        Err(e) => r.error = Some(e.to_string()),
-    }
+    record(cfg, row, &mut r, res.map_err(|e| e.to_string()), attempts).await;
     r
 }
 
+/// Where answers come from: a target asked directly, or workers through a job queue.
+pub enum Source {
+    Target(Arc<Target>),
+    Queue(crate::queued::QueueSpec),
+}
+
+/// Running counters of a run, shown by the progress line.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub done: AtomicU64,
+    pub tokens: AtomicU64,
+}
+
 /// Runs what is not done yet and returns everything done, old and new.
-pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_target: Option<Arc<Target>>, opts: &Options) -> Result<Outcome, EvalError> {
+pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: Option<Arc<Target>>, opts: &Options) -> Result<Outcome, EvalError> {
     let started = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out).map_err(EvalError::io(&opts.out))?;
     let (log, old) = Log::open::<ResultRow>(&opts.out.join("results.jsonl"))?;
     let mut results = latest(old);
     let variants: BTreeSet<&str> = cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect();
     let rows: BTreeMap<&str, &Row> = ds.rows.iter().map(|r| (r.id.as_str(), r)).collect();
+    let judge_target = match (&source, judge_target, cfg.judge()) {
+        (_, Some(j), _) => Some(j),
+        (Source::Target(t), None, _) => Some(t.clone()),
+        (Source::Queue(_), None, Some(s)) => {
+            return Err(EvalError::Config(format!("scorer '{}': with --amqp the judge needs its own `url` (workers answer the variants only)", s.name)))
+        }
+        (Source::Queue(_), None, None) => None,
+    };
 
     rescore(cfg, &rows, &mut results, &log).await?;
 
-    let mut capacity = target.capacity(opts.fallback_concurrency).await;
-    if let Some(c) = opts.concurrency {
-        capacity = Capacity { concurrency: c.max(1), source: "--concurrency".into(), abserve: capacity.abserve };
-    }
     let mut jobs = Vec::new();
     let mut skipped_done = 0;
     for row in &ds.rows {
@@ -210,30 +237,35 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
     if skipped_done > 0 {
         eprintln!("eval: resuming: {skipped_done} answers already in {}, {total} to go", opts.out.display());
     }
-    let done = Arc::new(AtomicU64::new(0));
-    let tokens = Arc::new(AtomicU64::new(0));
+    let counters = Arc::new(Counters::default());
     let peak = Arc::new(AtomicU64::new(0));
     let progress = Arc::new(Progress::new("generate", total));
-    let ticker = spawn_ticker(progress.clone(), target.clone(), capacity.abserve, done.clone(), tokens.clone(), peak.clone());
     let mut errors: Vec<String> = Vec::new();
-    let mut stream = futures::stream::iter(jobs)
-        .map(|(row, v)| {
-            let target = target.clone();
-            async move { generate(cfg, v, row, &target, opts.max_overloaded).await }
-        })
-        .buffer_unordered(capacity.concurrency);
-    while let Some(r) = stream.next().await {
-        log.append(&r)?;
-        tokens.fetch_add(r.completion_tokens, Ordering::Relaxed);
-        done.fetch_add(1, Ordering::Relaxed);
-        if let Some(e) = &r.error {
-            errors.push(format!("row {} (line {}) × {}: {e}", r.row, r.line, r.variant));
+    let capacity = match &source {
+        Source::Target(target) => {
+            let capacity = capacity(target, opts).await;
+            let ticker = spawn_ticker(progress.clone(), Some(target.clone()), capacity.abserve, counters.clone(), peak.clone());
+            let mut stream = futures::stream::iter(jobs)
+                .map(|(row, v)| {
+                    let target = target.clone();
+                    async move { generate(cfg, v, row, &target, opts.max_overloaded).await }
+                })
+                .buffer_unordered(capacity.concurrency);
+            while let Some(r) = stream.next().await {
+                keep(r, &log, &counters, &mut errors, &mut results)?;
+            }
+            drop(stream);
+            ticker.abort();
+            capacity
         }
-        results.insert((r.row.clone(), r.variant.clone()), r);
-    }
-    drop(stream);
-    ticker.abort();
-    progress.update(done.load(Ordering::Relaxed), tokens.load(Ordering::Relaxed), None);
+        Source::Queue(q) => {
+            let ticker = spawn_ticker(progress.clone(), None, false, counters.clone(), peak.clone());
+            let capacity = crate::queued::generate(cfg, jobs, q, |r| keep(r, &log, &counters, &mut errors, &mut results)).await;
+            ticker.abort();
+            capacity?
+        }
+    };
+    progress.update(counters.done.load(Ordering::Relaxed), counters.tokens.load(Ordering::Relaxed), None);
     progress.finish();
     print_errors(&errors);
     let generated_now = total;
@@ -242,7 +274,7 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
     let judgments = match cfg.judge() {
         Some(s) => {
             let ScorerKind::Judge { prompt, seed, .. } = &s.kind else { unreachable!() };
-            let jt = judge_target.unwrap_or_else(|| target.clone());
+            let jt = judge_target.expect("a judge target was chosen above");
             judge_pairs(cfg, ds, &results, jt, prompt, *seed, capacity.concurrency, opts).await?
         }
         None => BTreeMap::new(),
@@ -257,6 +289,27 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, target: Arc<Target>, judge_targ
         wall: started.elapsed(),
         peak_memory: (peak > 0).then_some(peak),
     })
+}
+
+/// How many requests to keep in flight on a target.
+async fn capacity(target: &Target, opts: &Options) -> Capacity {
+    let capacity = target.capacity(opts.fallback_concurrency).await;
+    match opts.concurrency {
+        Some(c) => Capacity { concurrency: c.max(1), source: "--concurrency".into(), abserve: capacity.abserve },
+        None => capacity,
+    }
+}
+
+/// Appends a finished answer to the run's log and counts it.
+fn keep(r: ResultRow, log: &Log, c: &Counters, errors: &mut Vec<String>, results: &mut BTreeMap<(String, String), ResultRow>) -> Result<(), EvalError> {
+    log.append(&r)?;
+    c.tokens.fetch_add(r.completion_tokens, Ordering::Relaxed);
+    c.done.fetch_add(1, Ordering::Relaxed);
+    if let Some(e) = &r.error {
+        errors.push(format!("row {} (line {}) × {}: {e}", r.row, r.line, r.variant));
+    }
+    results.insert((r.row.clone(), r.variant.clone()), r);
+    Ok(())
 }
 
 /// Finished answers that lack a scorer added since the run that made them are scored now,
@@ -283,14 +336,17 @@ fn print_errors(errors: &[String]) {
     }
 }
 
-fn spawn_ticker(p: Arc<Progress>, t: Arc<Target>, memory: bool, done: Arc<AtomicU64>, tokens: Arc<AtomicU64>, peak: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
+fn spawn_ticker(p: Arc<Progress>, t: Option<Arc<Target>>, memory: bool, c: Arc<Counters>, peak: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            let m = if memory { t.memory().await } else { None };
+            let m = match &t {
+                Some(t) if memory => t.memory().await,
+                _ => None,
+            };
             if let Some(m) = m {
                 peak.fetch_max(m, Ordering::Relaxed);
             }
-            p.update(done.load(Ordering::Relaxed), tokens.load(Ordering::Relaxed), m);
+            p.update(c.done.load(Ordering::Relaxed), c.tokens.load(Ordering::Relaxed), m);
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })

@@ -9,12 +9,12 @@ use abserve_engine::ChatMessage;
 use abserve_engine::{Engine, Request, SamplingParams, SubmitError};
 use abserve_protocol::wire::{ChatRequest, Common, Message, Stop};
 use abserve_protocol::{names, ClientError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::EvalError;
 
 /// One chat request of a variant for a row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Call {
     pub messages: Vec<ChatMessage>,
     pub temperature: Option<f32>,
@@ -26,7 +26,7 @@ pub struct Call {
     pub frequency_penalty: Option<f32>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Generation {
     pub text: String,
     pub prompt_tokens: u64,

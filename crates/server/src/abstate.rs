@@ -1,36 +1,52 @@
 //! The A/B layer's state in the server: the experiments it routes (in memory, read on every
-//! request) and the store (SQLite) that persists them with exposures and events.
+//! request) and the store (SQLite, or PostgreSQL shared with other replicas) that persists them
+//! with exposures and events.
+//!
+//! Replicas: an experiment written through any replica reaches this one's routing table within
+//! the poll interval (`--store-poll`), and at once on PostgreSQL, whose NOTIFY wakes the reload.
+//! A reload that raced a local write is discarded (a generation count), so a replica never
+//! forgets, even briefly, an experiment it has just created.
 //!
 //! Lock policy (the server's, for every lock): a poisoned lock is read through. Each critical
-//! section is a single insert, remove, read or store call, so a panic elsewhere cannot leave the
-//! data half-written, and one failed request must not take every later one down with it. Store
-//! calls run on blocking threads, never on the async runtime.
+//! section is a single insert, remove, replace or read, so a panic elsewhere cannot leave the
+//! data half-written, and one failed request must not take every later one down with it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use abserve_ab::{Experiment, Exposure, Store};
+use abserve_ab::{Experiment, Exposure, Location, Store};
 
 use crate::error::ApiError;
 
+#[derive(Default)]
+struct Routing {
+    by_name: BTreeMap<String, Experiment>,
+    /// Bumped by every local change, so a reload read before it is not applied after it.
+    generation: u64,
+}
+
 pub struct AbState {
-    store: Arc<Mutex<Store>>,
-    experiments: RwLock<BTreeMap<String, Experiment>>,
+    store: Store,
+    routing: RwLock<Routing>,
+    poll: Duration,
+    reload: Arc<tokio::sync::Notify>,
 }
 
 impl AbState {
-    /// Opens the store and loads the experiments file. Precedence: the file's definitions
+    /// Connects to the store and loads the experiments file. Precedence: the file's definitions
     /// replace stored ones of the same name (so changes made over HTTP to an experiment that is
     /// also in the file last until the next start), unless `keep_stored`: then the file only
     /// adds experiments the store does not have. Either way a log line says what happened.
-    pub fn open(data_dir: &Path, file: Option<&Path>, keep_stored: bool) -> anyhow::Result<AbState> {
-        let store = Store::open(data_dir)?;
+    pub async fn open(at: &Location, file: Option<&Path>, keep_stored: bool, poll: Duration) -> anyhow::Result<AbState> {
+        let store = Store::connect(at).await?;
+        tracing::info!("experiment store: {} ({:?})", store.describe(), store.backend());
         if let Some(f) = file {
             let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
             let (mut written, mut kept) = (vec![], vec![]);
             for e in abserve_ab::parse_file(&text)? {
-                let fresh = if keep_stored { store.create_experiment(&e)? } else { store.put_experiment(&e).map(|_| true)? };
+                let fresh = if keep_stored { store.create_experiment(&e).await? } else { store.put_experiment(&e).await.map(|_| true)? };
                 if fresh { written.push(e.name) } else { kept.push(e.name) }
             }
             if keep_stored {
@@ -45,8 +61,8 @@ impl AbState {
                 );
             }
         }
-        let experiments = store.experiments()?.into_iter().map(|e| (e.name.clone(), e)).collect();
-        Ok(AbState { store: Arc::new(Mutex::new(store)), experiments: RwLock::new(experiments) })
+        let by_name = store.experiments().await?.into_iter().map(|e| (e.name.clone(), e)).collect();
+        Ok(AbState { store, routing: RwLock::new(Routing { by_name, generation: 0 }), poll, reload: Default::default() })
     }
 
     /// Checks every stored experiment's variants by the API's rules (a file or an older
@@ -61,41 +77,78 @@ impl AbState {
     }
 
     pub fn get(&self, name: &str) -> Option<Experiment> {
-        self.experiments.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.routing.read().unwrap_or_else(|p| p.into_inner()).by_name.get(name).cloned()
     }
 
     /// Every experiment, by name.
     pub fn list(&self) -> Vec<Experiment> {
-        self.experiments.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+        self.routing.read().unwrap_or_else(|p| p.into_inner()).by_name.values().cloned().collect()
     }
 
     /// Routes `e` from now on (after the store has it).
     pub(crate) fn insert(&self, e: Experiment) {
-        self.experiments.write().unwrap_or_else(|p| p.into_inner()).insert(e.name.clone(), e);
+        let mut r = self.routing.write().unwrap_or_else(|p| p.into_inner());
+        r.by_name.insert(e.name.clone(), e);
+        r.generation += 1;
     }
 
     /// Stops routing `name` (after the store dropped it).
     pub(crate) fn remove(&self, name: &str) {
-        self.experiments.write().unwrap_or_else(|p| p.into_inner()).remove(name);
+        let mut r = self.routing.write().unwrap_or_else(|p| p.into_inner());
+        r.by_name.remove(name);
+        r.generation += 1;
     }
 
-    /// Runs a store operation off the async threads.
-    pub(crate) async fn with_store<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Store) -> Result<T, abserve_ab::StoreError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap_or_else(|p| p.into_inner())))
-            .await
-            .map_err(|e| ApiError::internal(format!("storage task failed: {e}")))?
-            .map_err(store_error)
+    /// Replaces the routing table with the store's experiments, unless a local change happened
+    /// while they were read (the next reload picks that up).
+    async fn reload(&self) -> Result<(), abserve_ab::StoreError> {
+        let before = self.routing.read().unwrap_or_else(|p| p.into_inner()).generation;
+        let fresh: BTreeMap<String, Experiment> = self.store.experiments().await?.into_iter().map(|e| (e.name.clone(), e)).collect();
+        let mut r = self.routing.write().unwrap_or_else(|p| p.into_inner());
+        if r.generation == before && r.by_name != fresh {
+            tracing::info!("experiments changed in the store: now routing {:?}", fresh.keys().collect::<Vec<_>>());
+            r.by_name = fresh;
+        }
+        Ok(())
+    }
+
+    /// Keeps the routing table in step with the store: a reload every poll interval, and at
+    /// once when PostgreSQL announces a change made through any replica.
+    pub(crate) async fn sync(&self) {
+        let wake = self.reload.clone();
+        let _watcher = match self.store.watch(move || wake.notify_one()).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!("store: cannot listen for experiment changes ({e}); polling every {:?}", self.poll);
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.poll) => {}
+                _ = self.reload.notified() => {}
+            }
+            if let Err(e) = self.reload().await {
+                tracing::warn!("store: reloading experiments: {e}");
+            }
+        }
+    }
+
+    /// The store, for one operation; its errors become API errors with `?` (see `store_error`).
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
-        self.with_store(move |s| s.record_exposure(&experiment, &x)).await
+        self.store.record_exposure(&experiment, &x).await.map_err(store_error)
     }
 }
 
+impl From<abserve_ab::StoreError> for ApiError {
+    fn from(e: abserve_ab::StoreError) -> ApiError {
+        store_error(e)
+    }
+}
 
 /// A failed store operation as the client should see it: nothing of the request was stored,
 /// and the status says whether and when to retry (507 disk full, 503 unwritable or busy).

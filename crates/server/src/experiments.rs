@@ -65,8 +65,7 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     let e = parse_experiment(&state, body).await?;
     // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
     // name exactly one gets 201
-    let stored = e.clone();
-    if !ab.with_store(move |s| s.create_experiment(&stored)).await.inspect_err(|_| state.metrics.store_error("experiment"))? {
+    if !ab.store().create_experiment(&e).await.inspect_err(|_| state.metrics.store_error("experiment"))? {
         let mut err = ApiError::bad_request(format!("An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.", e.name, e.name));
         err.status = StatusCode::CONFLICT;
         return Err(err);
@@ -89,8 +88,7 @@ pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
     if e.name != name {
         return Err(ApiError::invalid_param("name", format!("The body names '{}' but the path names '{name}'.", e.name)));
     }
-    let stored = e.clone();
-    ab.with_store(move |s| s.put_experiment(&stored)).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
+    ab.store().put_experiment(&e).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.insert(e.clone());
     Ok(Json(e).into_response())
 }
@@ -100,8 +98,7 @@ pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<Stri
 pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
-    let n = name.clone();
-    ab.with_store(move |s| s.delete_experiment(&n)).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
+    ab.store().delete_experiment(&name).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.remove(&name);
     Ok(Json(Deleted { id: name, object: "experiment".into(), deleted: true }).into_response())
 }
@@ -136,10 +133,7 @@ pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
         return Err(ApiError::invalid_param("events", format!("event for unit '{}' metric '{}' is invalid (empty name or non-finite value)", bad.unit, bad.metric)));
     }
     let n = events.len();
-    let stored = ab
-        .with_store(move |s| s.record_events(&name, batch_id.as_deref(), &events))
-        .await
-        .inspect_err(|_| state.metrics.store_error("events"))?;
+    let stored = ab.store().record_events(&name, batch_id.as_deref(), &events).await.inspect_err(|_| state.metrics.store_error("events"))?;
     Ok(Json(EventsAccepted { accepted: n, stored, duplicate_batch: stored == 0 }).into_response())
 }
 
@@ -148,7 +142,7 @@ pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
 pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = find(&state, &name)?;
-    let r = ab.with_store(move |s| s.results(&e)).await?;
+    let r = ab.store().results(&e).await?;
     Ok(Json(r).into_response())
 }
 

@@ -30,6 +30,7 @@ pub async fn serve(
     on_bound(listener.local_addr()?);
     state.spawn_drain_meter();
     state.spawn_srm_meter();
+    state.spawn_experiment_sync();
     let app = router(state.clone());
     let mut http = Builder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(state.config.header_read_timeout);

@@ -102,8 +102,8 @@ impl AppState {
         });
     }
 
-    /// Every 30 s, each experiment's sample-ratio-mismatch p-value into `/metrics` (results are
-    /// computed off the async threads; a failing store leaves the last values).
+    /// Every 30 s, each experiment's sample-ratio-mismatch p-value into `/metrics` (from the
+    /// store's count of units per variant; a failing store leaves the last values).
     pub fn spawn_srm_meter(self: &Arc<Self>) {
         let st = self.clone();
         tokio::spawn(async move {
@@ -112,13 +112,23 @@ impl AppState {
                 tick.tick().await;
                 let Some(ab) = st.ab.as_ref() else { return };
                 for e in ab.list() {
-                    let name = e.name.clone();
-                    if let Ok(r) = ab.with_store(move |s| s.results(&e)).await {
+                    if let Ok(units) = ab.store().units(&e.name).await {
+                        let observed: Vec<u64> = e.variants.iter().map(|v| units.get(&v.id).copied().unwrap_or(0)).collect();
                         // NaN until the experiment has units to test
-                        let p = r.srm.map_or(f64::NAN, |s| s.p_value);
-                        st.metrics.experiment_srm.with_label_values(&[name.as_str()]).set(p);
+                        let p = abserve_ab::srm(&observed, &e.weights()).map_or(f64::NAN, |s| s.p_value);
+                        st.metrics.experiment_srm.with_label_values(&[e.name.as_str()]).set(p);
                     }
                 }
+            }
+        });
+    }
+
+    /// Keeps the experiments this replica routes in step with the store (see `abstate`).
+    pub fn spawn_experiment_sync(self: &Arc<Self>) {
+        let st = self.clone();
+        tokio::spawn(async move {
+            if let Some(ab) = st.ab.as_ref() {
+                ab.sync().await;
             }
         });
     }

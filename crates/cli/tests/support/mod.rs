@@ -72,7 +72,16 @@ pub fn kill9(s: &mut Server) {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let turn = Turn::take();
+        Server::spawn(extra, Some(Turn::take()))
+    }
+
+    /// Several servers running at once (replicas of one store), sharing one turn.
+    pub fn start_replicas(extras: &[&[&str]]) -> Vec<Server> {
+        let mut turn = Some(Turn::take());
+        extras.iter().map(|extra| Server::spawn(extra, turn.take())).collect()
+    }
+
+    fn spawn(extra: &[&str], turn: Option<Turn>) -> Server {
         let defaults = [
             ("--model", model().display().to_string()),
             ("--model-id", MODEL_ID.to_string()),
@@ -147,7 +156,7 @@ impl Server {
             }
         };
         assert!(base.starts_with("http://127.0.0.1:"), "binds loopback: {base}");
-        Server { child: Some(child), base, data_dir, log, turn: Some(turn) }
+        Server { child: Some(child), base, data_dir, log, turn }
     }
 
     pub fn url(&self, path: &str) -> String {

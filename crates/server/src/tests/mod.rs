@@ -35,7 +35,7 @@ impl Drop for App {
 }
 
 /// A server over a fake engine; with `experiments` (TOML), an A/B store in a fresh directory.
-fn app(experiments: Option<&str>) -> App {
+async fn app(experiments: Option<&str>) -> App {
     let ctl = Arc::new(Control::default());
     let fake = Fake::new(ctl.clone());
     let stats = Arc::new(abserve_engine::EngineStats::default());
@@ -58,7 +58,7 @@ fn app(experiments: Option<&str>) -> App {
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join("experiments.toml");
             std::fs::write(&file, toml).unwrap();
-            (Some(AbState::open(&dir, Some(&file), false).unwrap()), Some(dir))
+            (Some(AbState::open(&abserve_ab::Location::Sqlite(dir.join("abserve.db")), Some(&file), false, Duration::from_secs(2)).await.unwrap()), Some(dir))
         }
         None => (None, None),
     };
@@ -117,7 +117,7 @@ fn chat_prompt_len(m: &str) -> u64 {
 
 #[tokio::test]
 async fn a_whole_chat_answer_has_openais_shape_and_exact_usage() {
-    let a = app(None);
+    let a = app(None).await;
     let (status, _, bytes) =
         a.post("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
@@ -141,7 +141,7 @@ async fn a_whole_chat_answer_has_openais_shape_and_exact_usage() {
 
 #[tokio::test]
 async fn a_streamed_chat_is_role_then_content_then_finish_then_usage_then_done() {
-    let a = app(None);
+    let a = app(None).await;
     let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": true,
                       "stream_options": {"include_usage": true}, "n": 2});
     let (status, headers, bytes) = a.post("/v1/chat/completions", body).await;
@@ -173,7 +173,7 @@ async fn a_streamed_chat_is_role_then_content_then_finish_then_usage_then_done()
 
 #[tokio::test]
 async fn completions_take_token_prompts_n_and_logprobs_in_the_completions_shape() {
-    let a = app(None);
+    let a = app(None).await;
     let body = json!({"model": "fake", "prompt": [[72, 105], [33]], "n": 2, "max_tokens": 3, "logprobs": 2});
     let (status, _, bytes) = a.post("/v1/completions", body).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
@@ -197,7 +197,7 @@ async fn completions_take_token_prompts_n_and_logprobs_in_the_completions_shape(
 
 #[tokio::test]
 async fn bad_requests_are_openai_errors_naming_the_parameter() {
-    let a = app(None);
+    let a = app(None).await;
     let chat = |extra: Value| {
         let mut b = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]});
         b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -237,7 +237,7 @@ async fn bad_requests_are_openai_errors_naming_the_parameter() {
 
 #[tokio::test]
 async fn a_full_queue_is_429_with_retry_after_and_a_dead_engine_fails_health() {
-    let a = app(None);
+    let a = app(None).await;
     a.ctl.queue_full.store(true, Ordering::SeqCst);
     let (s, headers, bytes) = a.post("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
@@ -257,7 +257,7 @@ async fn a_full_queue_is_429_with_retry_after_and_a_dead_engine_fails_health() {
 
 #[tokio::test]
 async fn a_generation_that_fails_is_an_error_chunk_in_a_stream_and_a_503_whole() {
-    let a = app(None);
+    let a = app(None).await;
     a.ctl.fail.store(true, Ordering::SeqCst);
     let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]});
     let (s, _, bytes) = a.post("/v1/chat/completions", body.clone()).await;
@@ -303,7 +303,7 @@ async fn auto_metrics(a: &App) -> Vec<(String, u64, f64)> {
 
 #[tokio::test]
 async fn a_request_is_assigned_by_the_experiments_hash_attribute_from_metadata() {
-    let a = app(Some(EXPERIMENT));
+    let a = app(Some(EXPERIMENT)).await;
     let msg = json!([{"role": "user", "content": "hi"}]);
     let (s, headers, bytes) = a
         .post("/v1/chat/completions", json!({"model": "experiment:greet", "messages": msg, "metadata": {"team": "t1"}, "user": "u9"}))
@@ -324,7 +324,7 @@ async fn a_request_is_assigned_by_the_experiments_hash_attribute_from_metadata()
 
 #[tokio::test]
 async fn streamed_and_whole_answers_record_the_same_exposure_fields() {
-    let a = app(Some(EXPERIMENT));
+    let a = app(Some(EXPERIMENT)).await;
     let req = |team: &str, stream: bool| {
         json!({"model": "experiment:greet", "messages": [{"role": "user", "content": "hi"}], "metadata": {"team": team}, "stream": stream})
     };
@@ -347,7 +347,7 @@ async fn streamed_and_whole_answers_record_the_same_exposure_fields() {
 
 #[tokio::test]
 async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_variant() {
-    let a = app(Some(EXPERIMENT));
+    let a = app(Some(EXPERIMENT)).await;
     let (s, _, bytes) = a.call("GET", "/ready", None, &[]).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let r: abserve_protocol::abserve::Ready = serde_json::from_slice(&bytes).unwrap();
@@ -368,7 +368,7 @@ async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_varian
 
 #[tokio::test]
 async fn the_openapi_document_lists_every_route_with_its_error_answers() {
-    let a = app(None);
+    let a = app(None).await;
     let (s, _, bytes) = a.call("GET", "/openapi.json", None, &[]).await;
     assert_eq!(s, StatusCode::OK);
     let doc: Value = serde_json::from_slice(&bytes).unwrap();

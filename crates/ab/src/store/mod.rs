@@ -1,0 +1,343 @@
+//! Durable storage of experiments, exposures and outcome events, and the results computed from
+//! them, in SQLite (embedded, the default) or PostgreSQL (shared by several replicas), through
+//! `sqlx` with one set of statements and versioned migrations per backend.
+//!
+//! Invariants, on both backends:
+//! - every write is committed before it returns, so anything a caller acknowledged survives a
+//!   kill -9 (SQLite: WAL with synchronous=FULL);
+//! - an event batch may carry an id; a retried batch with the same id is not counted twice, from
+//!   any replica (a primary key decides, inside the batch's transaction);
+//! - results are aggregated by the database (`results`), never by loading every row;
+//! - on PostgreSQL every experiment change is announced with NOTIFY on [`CHANNEL`], so replicas
+//!   can reload at once (`watch`); polling `experiments` bounds the delay when a notification
+//!   is missed.
+
+mod error;
+mod results;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+pub use error::{StoreCondition, StoreError};
+pub use results::{MetricResult, Results, VariantResult};
+
+use crate::experiment::Experiment;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
+
+/// The PostgreSQL channel that announces experiment changes (the payload is the name).
+pub const CHANNEL: &str = "abserve_experiments";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutcomeEvent {
+    pub unit: String,
+    pub metric: String,
+    pub value: f64,
+    /// Seconds since the Unix epoch; default: now.
+    pub timestamp: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Exposure {
+    pub variant: String,
+    pub unit: String,
+    pub forced: bool,
+    pub latency_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub output_tokens: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A handle on the store; clones share one connection pool.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    location: String,
+}
+
+/// Runs `$body` with `$p` bound to the concrete pool of either backend (the statements are the
+/// same text; sqlx checks the types per backend).
+macro_rules! on_pool {
+    ($store:expr, $p:ident => $body:expr) => {
+        match &$store.pool {
+            Pool::Sqlite($p) => $body,
+            Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Where a store lives, from a `--store` value: `postgres://…` (or `postgresql://…`),
+/// `sqlite://FILE`, or a directory (SQLite file `abserve.db` inside).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl FromStr for Location {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Location, StoreError> {
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            Ok(Location::Postgres(s.to_string()))
+        } else if let Some(f) = s.strip_prefix("sqlite://") {
+            Ok(Location::Sqlite(PathBuf::from(f)))
+        } else if s.contains("://") {
+            Err(StoreError::Config(format!("unsupported store '{s}': use postgres://…, sqlite://FILE or a directory")))
+        } else {
+            Ok(Location::Sqlite(Path::new(s).join("abserve.db")))
+        }
+    }
+}
+
+impl Location {
+    /// The location without a password.
+    pub fn describe(&self) -> String {
+        match self {
+            Location::Sqlite(p) => format!("sqlite://{}", p.display()),
+            Location::Postgres(u) => match url_without_password(u) {
+                Some(u) => u,
+                None => "postgres://(unparsable url)".into(),
+            },
+        }
+    }
+}
+
+fn url_without_password(u: &str) -> Option<String> {
+    let (scheme, rest) = u.split_once("://")?;
+    Some(match rest.split_once('@') {
+        Some((auth, host)) => {
+            let user = auth.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => u.to_string(),
+    })
+}
+
+impl Store {
+    /// The SQLite store `abserve.db` in `dir` (created when missing).
+    pub async fn open(dir: &Path) -> Result<Store, StoreError> {
+        Store::connect(&Location::Sqlite(dir.join("abserve.db"))).await
+    }
+
+    /// Connects (SQLite: creates the file) and migrates the schema to this version. Several
+    /// replicas may start at once: PostgreSQL migrations hold an advisory lock.
+    pub async fn connect(at: &Location) -> Result<Store, StoreError> {
+        let location = at.describe();
+        let pool = match at {
+            Location::Sqlite(file) => {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let opts = SqliteConnectOptions::new()
+                    .filename(file)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(Duration::from_secs(10));
+                let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await?;
+                SQLITE_MIGRATIONS.run(&pool).await?;
+                Pool::Sqlite(pool)
+            }
+            Location::Postgres(url) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect(url)
+                    .await
+                    .map_err(|e| StoreError::Config(format!("cannot connect to {location}: {e}")))?;
+                POSTGRES_MIGRATIONS.run(&pool).await?;
+                Pool::Postgres(pool)
+            }
+        };
+        Ok(Store { pool, location })
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Where the store is (no password).
+    pub fn describe(&self) -> &str {
+        &self.location
+    }
+
+    /// How many migrations the schema has had.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        let q = "SELECT COUNT(*) FROM _sqlx_migrations WHERE success";
+        Ok(on_pool!(self, p => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await?))
+    }
+
+    async fn announce(&self, name: &str) -> Result<(), StoreError> {
+        if let Pool::Postgres(p) = &self.pool {
+            sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(name).execute(p).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn put_experiment(&self, e: &Experiment) -> Result<(), StoreError> {
+        let q = "INSERT INTO experiments (name, definition, updated_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, updated_at = excluded.updated_at";
+        let def = serde_json::to_string(e)?;
+        on_pool!(self, p => sqlx::query(q).bind(&e.name).bind(&def).bind(now()).execute(p).await?.rows_affected());
+        self.announce(&e.name).await
+    }
+
+    /// Stores a new experiment; `false` (and nothing written) when one of that name exists. One
+    /// statement, so of two concurrent creates (on any replicas) exactly one succeeds.
+    pub async fn create_experiment(&self, e: &Experiment) -> Result<bool, StoreError> {
+        let q = "INSERT INTO experiments (name, definition, updated_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING";
+        let def = serde_json::to_string(e)?;
+        let n = on_pool!(self, p => sqlx::query(q).bind(&e.name).bind(&def).bind(now()).execute(p).await?.rows_affected());
+        if n == 1 {
+            self.announce(&e.name).await?;
+        }
+        Ok(n == 1)
+    }
+
+    pub async fn experiments(&self) -> Result<Vec<Experiment>, StoreError> {
+        let q = "SELECT definition FROM experiments ORDER BY name";
+        let defs: Vec<String> = on_pool!(self, p => sqlx::query_scalar(q).fetch_all(p).await?);
+        defs.iter().map(|d| serde_json::from_str(d).map_err(StoreError::from)).collect()
+    }
+
+    pub async fn experiment(&self, name: &str) -> Result<Option<Experiment>, StoreError> {
+        let q = "SELECT definition FROM experiments WHERE name = $1";
+        let d: Option<String> = on_pool!(self, p => sqlx::query_scalar(q).bind(name).fetch_optional(p).await?);
+        Ok(match d {
+            Some(d) => Some(serde_json::from_str(&d)?),
+            None => None,
+        })
+    }
+
+    pub async fn delete_experiment(&self, name: &str) -> Result<bool, StoreError> {
+        let q = "DELETE FROM experiments WHERE name = $1";
+        let n = on_pool!(self, p => sqlx::query(q).bind(name).execute(p).await?.rows_affected());
+        if n > 0 {
+            self.announce(name).await?;
+        }
+        Ok(n > 0)
+    }
+
+    pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
+        on_pool!(self, p => sqlx::query(q)
+            .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
+            .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
+            .execute(p).await?.rows_affected());
+        Ok(())
+    }
+
+    /// Stores a batch atomically. Returns how many events were stored: 0 when `batch_id` was
+    /// already stored (a retry, through this replica or another).
+    pub async fn record_events(&self, experiment: &str, batch_id: Option<&str>, events: &[OutcomeEvent]) -> Result<usize, StoreError> {
+        let mark = "INSERT INTO event_batches (experiment, batch_id, events) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+        let insert = "INSERT INTO events (experiment, unit, metric, value, ts, batch_id) VALUES ($1, $2, $3, $4, $5, $6)";
+        let t = now();
+        on_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            if let Some(b) = batch_id {
+                let fresh = sqlx::query(mark).bind(experiment).bind(b).bind(events.len() as i64).execute(&mut *tx).await?;
+                if fresh.rows_affected() == 0 {
+                    return Ok(0);
+                }
+            }
+            for e in events {
+                sqlx::query(insert)
+                    .bind(experiment).bind(&e.unit).bind(&e.metric).bind(e.value).bind(e.timestamp.unwrap_or(t)).bind(batch_id)
+                    .execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(events.len())
+    }
+
+    pub async fn count_events(&self, experiment: &str) -> Result<u64, StoreError> {
+        let q = "SELECT COUNT(*) FROM events WHERE experiment = $1";
+        Ok(on_pool!(self, p => sqlx::query_scalar::<_, i64>(q).bind(experiment).fetch_one(p).await?) as u64)
+    }
+
+    /// Units per variant (a unit belongs to the variant of its first non-forced exposure).
+    pub async fn units(&self, experiment: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        let q = results::units_sql();
+        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(&q).bind(experiment).fetch_all(p).await?);
+        Ok(rows.into_iter().map(|(v, n)| (v, n as u64)).collect())
+    }
+
+    /// Per-variant results with statistics against the control, aggregated by the database.
+    pub async fn results(&self, e: &Experiment) -> Result<Results, StoreError> {
+        let units = self.units(&e.name).await?;
+        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).fetch_all(p).await?);
+        let exposures = rows.into_iter().map(|(v, n)| (v, n as u64)).collect();
+        let q = results::moments_sql();
+        let moments: Vec<results::MomentRow> = on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).fetch_all(p).await?);
+        Ok(results::assemble(e, &units, &exposures, moments))
+    }
+
+    /// Stores the result of a queued job once: `false` when that job id is already stored
+    /// (a redelivered job that was finished before).
+    pub async fn put_job_result(&self, job_id: &str, run: &str, result: &str) -> Result<bool, StoreError> {
+        let q = "INSERT INTO eval_results (job_id, run, result, ts) VALUES ($1, $2, $3, $4) ON CONFLICT (job_id) DO NOTHING";
+        let n = on_pool!(self, p => sqlx::query(q).bind(job_id).bind(run).bind(result).bind(now()).execute(p).await?.rows_affected());
+        Ok(n == 1)
+    }
+
+    /// The stored results of a run's jobs, by job id.
+    pub async fn job_results(&self, run: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        let q = "SELECT job_id, result FROM eval_results WHERE run = $1";
+        let rows: Vec<(String, String)> = on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await?);
+        Ok(rows.into_iter().collect())
+    }
+
+    /// On PostgreSQL, calls `changed` at every experiment change announced by any replica
+    /// (the listener reconnects by itself after a lost connection, and then calls `changed`
+    /// once, since notifications may have been missed). On SQLite, returns `None`.
+    pub async fn watch(&self, changed: impl Fn() + Send + 'static) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
+        let Pool::Postgres(p) = &self.pool else { return Ok(None) };
+        let mut listener = PgListener::connect_with(p).await?;
+        listener.listen(CHANNEL).await?;
+        Ok(Some(tokio::spawn(async move {
+            loop {
+                match listener.try_recv().await {
+                    Ok(_) => changed(),
+                    Err(e) => {
+                        tracing::warn!("store: listening for experiment changes: {e}; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! One test suite, run on both backends: every test below runs once on SQLite and once on a
+//! fresh PostgreSQL database.
+
+use super::*;
+use crate::experiment::parse_file;
+use crate::testing::Fresh;
+use rand::{Rng, SeedableRng};
+
+fn exp() -> Experiment {
+    parse_file("[[experiment]]\nname = \"aa\"\n[[experiment.variants]]\nid = \"a\"\n[[experiment.variants]]\nid = \"b\"\n").unwrap().remove(0)
+}
+
+fn event(unit: &str, metric: &str, value: f64) -> OutcomeEvent {
+    OutcomeEvent { unit: unit.into(), metric: metric.into(), value, timestamp: None }
+}
+
+fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
+    Exposure { variant: variant.into(), unit: unit.into(), forced: false, latency_ms: Some(latency), ttft_ms: Some(10.0), output_tokens: Some(20), error: None }
+}
+
+/// Runs `$test(fresh)` on SQLite and on PostgreSQL.
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let f = crate::testing::Fresh::sqlite(stringify!($test));
+                super::$test(&f).await;
+                f.drop().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let f = crate::testing::Fresh::postgres(stringify!($test)).await;
+                super::$test(&f).await;
+                f.drop().await;
+            }
+        }
+    )*};
+}
+
+on_both!(
+    experiments_and_events_survive_reopening_and_batches_count_once,
+    of_two_creates_of_one_name_exactly_one_succeeds,
+    results_attribute_events_to_the_units_variant_and_skip_forced,
+    sql_aggregates_equal_the_statistics_of_every_value,
+    a_batch_retried_concurrently_through_another_connection_is_stored_once,
+    job_results_are_stored_once_per_job,
+);
+
+async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fresh) {
+    let e = exp();
+    {
+        let s = f.store().await;
+        assert_eq!(s.schema_version().await.unwrap(), 2);
+        s.put_experiment(&e).await.unwrap();
+        let ev = vec![event("u1", "clicked", 1.0)];
+        assert_eq!(s.record_events("aa", Some("batch-1"), &ev).await.unwrap(), 1);
+        assert_eq!(s.record_events("aa", Some("batch-1"), &ev).await.unwrap(), 0, "a retried batch is not stored twice");
+        assert_eq!(s.record_events("aa", None, &ev).await.unwrap(), 1);
+    }
+    let s = f.store().await;
+    assert_eq!(s.experiment("aa").await.unwrap(), Some(e.clone()));
+    assert_eq!(s.experiments().await.unwrap(), vec![e]);
+    assert_eq!(s.count_events("aa").await.unwrap(), 2);
+    assert!(s.delete_experiment("aa").await.unwrap());
+    assert!(!s.delete_experiment("aa").await.unwrap());
+    assert_eq!(s.experiment("aa").await.unwrap(), None);
+}
+
+async fn of_two_creates_of_one_name_exactly_one_succeeds(f: &Fresh) {
+    let (s1, s2) = (f.store().await, f.store().await);
+    let e = exp();
+    let mut other = e.clone();
+    other.coverage = 0.5;
+    let (a, b) = tokio::join!(s1.create_experiment(&e), s2.create_experiment(&other));
+    assert!(a.unwrap() ^ b.unwrap(), "exactly one of two concurrent creates succeeds");
+    let stored = s1.experiment("aa").await.unwrap().unwrap();
+    assert!(stored == e || stored == other);
+    assert!(!s2.create_experiment(&e).await.unwrap(), "the name exists");
+}
+
+async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh) {
+    let e = exp();
+    let s = f.store().await;
+    for i in 0..40 {
+        let variant = if i % 2 == 0 { "a" } else { "b" };
+        s.record_exposure("aa", &exposure(variant, &format!("u{i}"), 100.0 + i as f64)).await.unwrap();
+        let value = if variant == "b" { 2.0 + (i % 3) as f64 } else { 1.0 + (i % 3) as f64 };
+        s.record_events("aa", None, &[event(&format!("u{i}"), "score", value)]).await.unwrap();
+    }
+    // a later exposure of u0 to the other variant does not move it; a forced one is not counted
+    s.record_exposure("aa", &exposure("b", "u0", 1.0)).await.unwrap();
+    let forced = Exposure { variant: "b".into(), unit: "qa".into(), forced: true, latency_ms: None, ttft_ms: None, output_tokens: None, error: None };
+    s.record_exposure("aa", &forced).await.unwrap();
+    s.record_events("aa", None, &[event("qa", "score", 100.0), event("never-exposed", "score", 100.0)]).await.unwrap();
+    let r = s.results(&e).await.unwrap();
+    assert_eq!((r.variants[0].units, r.variants[1].units), (20, 20));
+    assert_eq!((r.variants[0].exposures, r.variants[1].exposures), (20, 21));
+    assert!(!r.srm.as_ref().unwrap().mismatch);
+    let b = &r.variants[1].metrics["score"];
+    assert_eq!(b.summary.n, 20);
+    assert!(b.vs_control.unwrap().diff > 0.9);
+    assert!(r.variants[0].metrics["score"].vs_control.is_none());
+    assert_eq!(r.variants[0].metrics["latency_ms"].summary.n, 20);
+    assert_eq!(r.variants[1].metrics["error"].summary.mean, 0.0);
+    assert_eq!(s.units("aa").await.unwrap(), [("a".to_string(), 20), ("b".to_string(), 20)].into());
+}
+
+/// The database's aggregates give the statistics that the values themselves give.
+async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
+    let e = exp();
+    let s = f.store().await;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let mut scores: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut latencies: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for i in 0..300 {
+        let v = if rng.gen_bool(0.5) { "a" } else { "b" };
+        let unit = format!("u{i}");
+        let latency = rng.gen_range(50.0..150.0);
+        let mut x = exposure(v, &unit, latency);
+        if rng.gen_bool(0.1) {
+            x.error = Some("boom".into());
+        }
+        s.record_exposure("aa", &x).await.unwrap();
+        latencies.entry(v).or_default().push(latency);
+        // several events per unit: the unit's value is their mean
+        let k = rng.gen_range(1..4);
+        let vals: Vec<f64> = (0..k).map(|_| rng.gen_range(0.0..10.0) + if v == "b" { 0.5 } else { 0.0 }).collect();
+        let evs: Vec<_> = vals.iter().map(|&x| event(&unit, "score", x)).collect();
+        s.record_events("aa", Some(&format!("batch-{i}")), &evs).await.unwrap();
+        scores.entry(v).or_default().push(vals.iter().sum::<f64>() / k as f64);
+    }
+    let r = s.results(&e).await.unwrap();
+    for (i, v) in ["a", "b"].iter().enumerate() {
+        for (metric, values) in [("score", &scores), ("latency_ms", &latencies)] {
+            let got = r.variants[i].metrics[metric].summary;
+            let want = crate::stats::summarize(&values[v]);
+            assert_eq!(got.n, want.n, "{metric} {v}");
+            for (g, w) in [(got.mean, want.mean), (got.sd, want.sd), (got.ci_low, want.ci_low)] {
+                assert!((g - w).abs() <= 1e-9 * w.abs().max(1.0), "{metric} {v}: {g} vs {w}");
+            }
+        }
+    }
+    let want = crate::stats::welch(&scores["a"], &scores["b"]).unwrap();
+    let got = r.variants[1].metrics["score"].vs_control.unwrap();
+    assert!((got.p_value - want.p_value).abs() < 1e-9 && (got.diff - want.diff).abs() < 1e-9);
+}
+
+async fn a_batch_retried_concurrently_through_another_connection_is_stored_once(f: &Fresh) {
+    let (s1, s2) = (f.store().await, f.store().await);
+    let ev: Vec<_> = (0..50).map(|i| event(&format!("u{i}"), "m", i as f64)).collect();
+    let (a, b) = tokio::join!(s1.record_events("aa", Some("same"), &ev), s2.record_events("aa", Some("same"), &ev));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a + b, 50, "one of the two stored the batch, the other nothing ({a}, {b})");
+    assert_eq!(s2.count_events("aa").await.unwrap(), 50);
+}
+
+async fn job_results_are_stored_once_per_job(f: &Fresh) {
+    let s = f.store().await;
+    assert!(s.put_job_result("run1/r1/a", "run1", "{\"x\":1}").await.unwrap());
+    assert!(!s.put_job_result("run1/r1/a", "run1", "{\"x\":2}").await.unwrap(), "a redelivered job is stored once");
+    assert!(s.put_job_result("run2/r1/a", "run2", "{}").await.unwrap());
+    let r = s.job_results("run1").await.unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r["run1/r1/a"], "{\"x\":1}");
+}
+
+/// Stores made before sqlx (rusqlite, `user_version` 1) open with their rows.
+#[tokio::test]
+async fn a_store_from_before_sqlx_keeps_its_rows() {
+    let f = Fresh::sqlite("legacy");
+    let Fresh::Sqlite(dir) = &f else { unreachable!() };
+    std::fs::create_dir_all(dir).unwrap();
+    let opts = SqliteConnectOptions::new().filename(dir.join("abserve.db")).create_if_missing(true);
+    let pool = SqlitePool::connect_with(opts).await.unwrap();
+    let old = include_str!("../../migrations/sqlite/0001_initial.sql").replace("IF NOT EXISTS ", "");
+    sqlx::raw_sql(&old).execute(&pool).await.unwrap();
+    sqlx::query("PRAGMA user_version = 1").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO experiments VALUES ('aa', $1, 0)").bind(serde_json::to_string(&exp()).unwrap()).execute(&pool).await.unwrap();
+    pool.close().await;
+    let s = f.store().await;
+    assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
+    assert_eq!(s.schema_version().await.unwrap(), 2);
+    f.drop().await;
+}
+
+/// A change made through one handle is announced to a watcher on another (PostgreSQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_announces_experiment_changes() {
+    let f = Fresh::postgres("watch").await;
+    let (a, b) = (f.store().await, f.store().await);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = b.watch(move || { let _ = tx.send(()); }).await.unwrap().expect("PostgreSQL can be watched");
+    a.put_experiment(&exp()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("notified within 10 s").unwrap();
+    a.delete_experiment("aa").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("notified within 10 s").unwrap();
+    task.abort();
+    assert!(Fresh::sqlite("watch").store().await.watch(|| ()).await.unwrap().is_none(), "SQLite has nothing to watch");
+    f.drop().await;
+}

@@ -1,0 +1,138 @@
+//! The job queue of offline evals on RabbitMQ: what a job and its result are, and the queues
+//! they travel on. `abserve eval --amqp` publishes jobs (`queued`), `abserve worker` runs them
+//! (`worker`).
+//!
+//! Topology, all durable, declared alike by both sides (a mismatch is refused by the broker):
+//! - `NAME` (default `abserve.jobs`): a quorum queue of jobs, one per row × variant, persistent,
+//!   published with publisher confirms. Dead-letters to `NAME.dead` after
+//!   [`DELIVERY_LIMIT`] deliveries: a job that kills its worker every time cannot loop forever.
+//! - `NAME.dead`: the dead-letter queue. A job lands there with its error in the
+//!   `x-abserve-error` header once it failed [`crate::worker::Options::max_failures`] times,
+//!   or by the delivery limit. Nothing consumes it: it is for operators.
+//! - `NAME.results.RUN`: one eval run's results (the jobs' `reply_to`), deleted when the run has
+//!   them all.
+//!
+//! Guarantees: a job is acked only after its result was confirmed by the broker (and, with
+//! `--store`, committed), so a worker killed at any point loses nothing: its unacked jobs are
+//! redelivered. A redelivered job may then be answered twice; the eval keeps the first result
+//! per job id (and the store, its primary key), so every row × variant counts once.
+
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use serde::{Deserialize, Serialize};
+
+use crate::error::EvalError;
+use crate::target::{Call, Generation};
+
+/// Deliveries of one job before the broker dead-letters it (worker crashes included).
+pub const DELIVERY_LIMIT: i32 = 10;
+/// The header that carries a job's failures so far (republished on each failure).
+pub const FAILURES: &str = "x-abserve-failures";
+/// The header that carries a job's last error (on retries and in the dead-letter queue).
+pub const ERROR: &str = "x-abserve-error";
+
+/// One row × variant to answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    /// `RUN/ROW/VARIANT`: unique per eval run, the key results are deduplicated by.
+    pub id: String,
+    pub run: String,
+    pub row: String,
+    pub variant: String,
+    pub call: Call,
+}
+
+/// A job's answer or its final error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobResult {
+    pub id: String,
+    /// The worker that answered (host and pid).
+    pub worker: String,
+    /// Tries it took (failures before this one + 1).
+    pub attempts: u32,
+    pub generation: Option<Generation>,
+    pub error: Option<String>,
+}
+
+/// The queues of one job queue name.
+#[derive(Debug, Clone)]
+pub struct Queues {
+    pub jobs: String,
+    pub dead: String,
+}
+
+impl Queues {
+    pub fn new(name: &str) -> Queues {
+        Queues { jobs: name.to_string(), dead: format!("{name}.dead") }
+    }
+
+    /// The results queue of one eval run.
+    pub fn results(&self, run: &str) -> String {
+        format!("{}.results.{run}", self.jobs)
+    }
+
+    /// Declares the jobs and dead-letter queues (idempotent with equal arguments).
+    pub async fn declare(&self, ch: &Channel) -> Result<lapin::Queue, EvalError> {
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+        ch.queue_declare(&self.dead, durable, FieldTable::default()).await.map_err(amqp("declaring the dead-letter queue"))?;
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        args.insert("x-delivery-limit".into(), AMQPValue::LongInt(DELIVERY_LIMIT));
+        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(self.dead.as_str().into()));
+        ch.queue_declare(&self.jobs, durable, args).await.map_err(amqp("declaring the jobs queue"))
+    }
+}
+
+/// Connects and opens a channel in publisher-confirm mode.
+pub async fn connect(url: &str) -> Result<(Connection, Channel), EvalError> {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .map_err(|e| EvalError::Queue(format!("cannot connect to {}: {e}", without_password(url))))?;
+    let ch = conn.create_channel().await.map_err(amqp("opening a channel"))?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("enabling publisher confirms"))?;
+    Ok((conn, ch))
+}
+
+/// Persistent JSON message properties.
+pub fn persistent() -> BasicProperties {
+    BasicProperties::default().with_delivery_mode(2).with_content_type(ShortString::from("application/json"))
+}
+
+/// Publishes and waits for the broker's confirm; a nack is an error.
+pub async fn publish_confirmed(ch: &Channel, queue: &str, body: &[u8], props: BasicProperties) -> Result<(), EvalError> {
+    let confirm = ch
+        .basic_publish("", queue, Default::default(), body, props)
+        .await
+        .map_err(amqp("publishing"))?
+        .await
+        .map_err(amqp("waiting for the publisher confirm"))?;
+    if !confirm.is_ack() {
+        return Err(EvalError::Queue(format!("the broker refused a message for '{queue}' (nack)")));
+    }
+    Ok(())
+}
+
+/// An integer header of a delivery (0 when absent).
+pub fn header_int(props: &BasicProperties, name: &str) -> i64 {
+    match props.headers().as_ref().and_then(|h| h.inner().get(name)) {
+        Some(AMQPValue::LongInt(n)) => *n as i64,
+        Some(AMQPValue::LongLongInt(n)) => *n,
+        Some(AMQPValue::ShortInt(n)) => *n as i64,
+        Some(AMQPValue::LongUInt(n)) => *n as i64,
+        _ => 0,
+    }
+}
+
+pub fn amqp(what: &'static str) -> impl Fn(lapin::Error) -> EvalError {
+    move |e| EvalError::Queue(format!("{what}: {e}"))
+}
+
+/// The url without its password.
+pub fn without_password(url: &str) -> String {
+    match url.split_once("://").and_then(|(s, rest)| rest.split_once('@').map(|(auth, host)| (s, auth, host))) {
+        Some((scheme, auth, host)) => format!("{scheme}://{}@{host}", auth.split(':').next().unwrap_or("")),
+        None => url.to_string(),
+    }
+}

@@ -1,0 +1,179 @@
+//! `abserve worker`: runs queued eval jobs on the engine in this process.
+//!
+//! Back-pressure: the consumer's prefetch is the plan's sequence slots, so the broker never
+//! hands this worker more jobs than it can run at once; a full worker takes nothing more and
+//! the backlog stays in the queue, where another worker (or an autoscaler) can see it.
+//!
+//! Durability: a job is acked only after its result is durable: committed to the store when
+//! there is one, and confirmed by the broker on the run's results queue. A failed job is
+//! republished with its failure count and error (confirmed, then the old delivery is acked);
+//! after `max_failures` it goes to the dead-letter queue with its error, and the run gets an
+//! error result so that the eval can finish and report it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use abserve_ab::Store;
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::Channel;
+
+use crate::error::EvalError;
+use crate::queue::{self, amqp, header_int, Job, JobResult, Queues, ERROR, FAILURES};
+use crate::target::{CallError, Target};
+
+pub struct Options {
+    pub amqp: String,
+    /// The jobs queue (its dead-letter queue is `NAME.dead`).
+    pub queue: String,
+    /// Failures of one job before it is dead-lettered.
+    pub max_failures: u32,
+    /// Where results are also committed (once per job id) before the ack.
+    pub store: Option<Store>,
+}
+
+/// What a worker did, for its log.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub answered: AtomicU64,
+    pub retried: AtomicU64,
+    pub dead_lettered: AtomicU64,
+}
+
+struct Ctx {
+    target: Arc<Target>,
+    publish: Channel,
+    queues: Queues,
+    max_failures: u32,
+    store: Option<Store>,
+    worker: String,
+    tally: Arc<Tally>,
+}
+
+/// This worker's name in results: host and process id.
+pub fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
+/// jobs in hand (acking each) and returns.
+pub async fn work(target: Arc<Target>, slots: u16, opts: Options, tally: Arc<Tally>, stop: impl std::future::Future<Output = ()>) -> Result<(), EvalError> {
+    let (conn, publish) = queue::connect(&opts.amqp).await?;
+    let queues = Queues::new(&opts.queue);
+    queues.declare(&publish).await?;
+    let consume = conn.create_channel().await.map_err(amqp("opening a channel"))?;
+    consume.basic_qos(slots.max(1), BasicQosOptions::default()).await.map_err(amqp("setting the prefetch"))?;
+    let worker = worker_name();
+    let mut consumer = consume
+        .basic_consume(&queues.jobs, &worker, BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .map_err(amqp("consuming"))?;
+    tracing::info!("worker {worker}: consuming '{}' with a prefetch of {} (the plan's sequence slots)", queues.jobs, slots.max(1));
+    let ctx = Arc::new(Ctx { target, publish, queues, max_failures: opts.max_failures.max(1), store: opts.store, worker: worker.clone(), tally });
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            d = consumer.next() => match d {
+                Some(Ok(d)) => {
+                    let ctx = ctx.clone();
+                    tasks.spawn(async move { handle(&ctx, d).await });
+                }
+                Some(Err(e)) => return Err(EvalError::Queue(format!("consuming: {e}"))),
+                None => break,
+            },
+            Some(done) = tasks.join_next() => log_task(done),
+            _ = &mut stop => break,
+        }
+    }
+    // no new deliveries; the ones in hand are finished and acked
+    let _ = consume.basic_cancel(&worker, BasicCancelOptions::default()).await;
+    while let Some(done) = tasks.join_next().await {
+        log_task(done);
+    }
+    let _ = conn.close(200, "worker stopping").await;
+    Ok(())
+}
+
+fn log_task(done: Result<Result<(), EvalError>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(())) => {}
+        // the delivery stays unacked: the broker redelivers it
+        Ok(Err(e)) => tracing::error!("job not acknowledged: {e}"),
+        Err(e) => tracing::error!("job task failed: {e}"),
+    }
+}
+
+async fn handle(ctx: &Ctx, d: Delivery) -> Result<(), EvalError> {
+    let failures = header_int(&d.properties, FAILURES).max(0) as u32;
+    let job: Job = match serde_json::from_slice(&d.data) {
+        Ok(j) => j,
+        Err(e) => {
+            dead_letter(ctx, &d, &format!("not a job: {e}"), failures).await?;
+            return ack(&d).await;
+        }
+    };
+    let answer = loop {
+        match ctx.target.chat(&job.call).await {
+            // the prefetch keeps the engine from filling up; another caller may still have
+            Err(CallError::Overloaded { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
+            r => break r,
+        }
+    };
+    match answer {
+        Ok(g) => {
+            let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: Some(g), error: None };
+            reply(ctx, &d, &job, &r).await?;
+            ctx.tally.answered.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) if failures + 1 < ctx.max_failures => {
+            tracing::warn!("job {} failed ({} of {} tries): {e}; requeued", job.id, failures + 1, ctx.max_failures);
+            let props = d.properties.clone().with_headers(headers(&d, failures + 1, &e.to_string()));
+            queue::publish_confirmed(&ctx.publish, &ctx.queues.jobs, &d.data, props).await?;
+            ctx.tally.retried.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            let error = format!("failed {} times; last error: {e}", failures + 1);
+            tracing::error!("job {}: {error}; moved to '{}'", job.id, ctx.queues.dead);
+            dead_letter(ctx, &d, &error, failures + 1).await?;
+            let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: None, error: Some(error) };
+            reply(ctx, &d, &job, &r).await?;
+        }
+    }
+    ack(&d).await
+}
+
+/// Makes a result durable: the store (once per job id), then the run's results queue.
+async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), EvalError> {
+    let body = serde_json::to_vec(r).map_err(|e| EvalError::Queue(format!("encoding a result: {e}")))?;
+    if let Some(s) = &ctx.store {
+        s.put_job_result(&job.id, &job.run, &String::from_utf8_lossy(&body)).await?;
+    }
+    match d.properties.reply_to() {
+        Some(q) => queue::publish_confirmed(&ctx.publish, q.as_str(), &body, queue::persistent().with_message_id(job.id.as_str().into())).await,
+        None => Ok(()),
+    }
+}
+
+async fn dead_letter(ctx: &Ctx, d: &Delivery, error: &str, failures: u32) -> Result<(), EvalError> {
+    let props = d.properties.clone().with_headers(headers(d, failures, error));
+    queue::publish_confirmed(&ctx.publish, &ctx.queues.dead, &d.data, props).await?;
+    ctx.tally.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The delivery's headers with the failure count and last error set.
+fn headers(d: &Delivery, failures: u32, error: &str) -> FieldTable {
+    let mut h = d.properties.headers().clone().unwrap_or_default();
+    h.insert(FAILURES.into(), AMQPValue::LongLongInt(failures as i64));
+    h.insert(ERROR.into(), AMQPValue::LongString(error.into()));
+    h
+}
+
+async fn ack(d: &Delivery) -> Result<(), EvalError> {
+    d.ack(BasicAckOptions::default()).await.map_err(amqp("acknowledging"))
+}
