@@ -4,9 +4,11 @@ same eval in process, on this machine (2 cores: the workers share them, so no ga
 here; on separate GPUs each worker adds its own model and its own compute).
 
 Workloads (3 variants, temperature 0): "answers", 40 rows x 3 variants, max_tokens 24; and
-"overhead", the same jobs with max_tokens 1, where the queue's cost per job dominates. Workers are
-started and their model loaded before the eval starts; the figure is the eval's own wall time
-(summary.json `wall_seconds`: publishing, waiting, scoring, writing). Threads: the in-process eval
+"overhead", the same jobs with max_tokens 1, where the queue's cost per job dominates. Fresh
+workers for every run (a warm worker would answer repeated prompts from its prompt cache, which
+the in-process eval, a fresh engine per run, cannot), started and their model loaded before the
+eval starts; the figure is the eval's own wall time (summary.json `wall_seconds`: publishing,
+waiting, scoring, writing). Threads: the in-process eval
 and a single worker use 2; with 2 or 3 workers each uses 1 (3 workers oversubscribe 2 cores).
 
 Needs RabbitMQ on 127.0.0.1:5672 (scripts/services.sh) and rabbitmqctl for clean-up.
@@ -86,12 +88,15 @@ def main():
         exp.write_text(experiment(max_tokens))
         walls = {"in process": [run_eval(tmp, exp, rows, [*MODEL_FLAGS, "--threads", "2"]) for _ in range(args.runs)]}
         for n in [1, 2, 3]:
-            queue = f"bench.{os.getpid()}.{name}.{n}"
-            procs = start_workers(n, queue)
-            try:
-                walls[f"{n} worker{'s' if n > 1 else ''}"] = [run_eval(tmp, exp, rows, ["--amqp", AMQP, "--queue", queue]) for _ in range(args.runs)]
-            finally:
-                stop(procs, queue)
+            runs = []
+            for r in range(args.runs):
+                queue = f"bench.{os.getpid()}.{name}.{n}.{r}"
+                procs = start_workers(n, queue)
+                try:
+                    runs.append(run_eval(tmp, exp, rows, ["--amqp", AMQP, "--queue", queue]))
+                finally:
+                    stop(procs, queue)
+            walls[f"{n} worker{'s' if n > 1 else ''}"] = runs
         table[name] = {k: statistics.median(v) for k, v in walls.items()}
         print(name, json.dumps(walls), flush=True)
     print("\n| workload | setup | eval wall (median) | jobs/s | vs in process |")

@@ -48,8 +48,8 @@ rabbitmq() {
   fi
   command -v rabbitmq-server >/dev/null 2>&1 || install rabbitmq-server
   $sudo mkdir -p "$base/rabbitmq" && $sudo chmod 1777 "$base"
-  # the default node name, so that a plain `rabbitmqctl` (as this user) reaches it
-  $sudo env RABBITMQ_NODENAME=rabbit@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 \
+  # the node name of rabbitmq-env.conf (or the default), so that a plain `rabbitmqctl` reaches it
+  $sudo env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 \
     RABBITMQ_MNESIA_BASE="$base/rabbitmq/mnesia" RABBITMQ_LOG_BASE="$base/rabbitmq/log" \
     rabbitmq-server -detached
   for _ in $(seq 1 60); do
@@ -57,7 +57,7 @@ rabbitmq() {
     sleep 1
   done
   answers 5672 || { echo "services: RabbitMQ did not start; see $base/rabbitmq/log" >&2; exit 1; }
-  $sudo rabbitmqctl -n rabbit@localhost await_startup >/dev/null
+  $sudo rabbitmqctl await_startup >/dev/null
   echo "services: started a private RabbitMQ on 127.0.0.1:5672 (data $base/rabbitmq)"
 }
 

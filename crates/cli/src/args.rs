@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use abserve_engine::plan::{Budget, KvType};
-use abserve_engine::EngineConfig;
+use abserve_engine::{DeviceHandle, EngineConfig, GpuLayers};
 use clap::Args;
 
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -13,8 +13,8 @@ pub struct ModelArgs {
     /// GGUF model file.
     #[arg(long, env = "ABSERVE_MODEL", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
-    /// Memory budget: bytes (`2GiB`, `512MB`) or a share of available memory (`50%`)
-    /// [default: 2GiB; with --device-memory: 100%].
+    /// Host memory budget: bytes (`2GiB`, `512MB`) or a share of available memory (`50%`)
+    /// [default: 2GiB].
     #[arg(long, value_parser = parse_budget)]
     pub memory_budget: Option<Budget>,
     /// Share of the budget kept free, in percent.
@@ -59,6 +59,18 @@ pub struct ModelArgs {
     /// none with --kv-unified].
     #[arg(long, value_parser = abserve_engine::plan::parse_bytes)]
     pub prefix_store: Option<u64>,
+    /// Layers to offload to the GPU: a number or `all` [default: all when the build has a GPU
+    /// device (CUDA or Vulkan), else 0].
+    #[arg(long)]
+    pub gpu_layers: Option<GpuLayers>,
+    /// The GPU to offload to, by name (`abserve devices` lists them) [default: the first].
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Device memory budget: bytes, or a share of the device's free memory (`90%`) [default:
+    /// 100%, less --margin]. `abserve plan` without a GPU takes bytes here as a hypothetical
+    /// device of that size.
+    #[arg(long, value_parser = parse_budget)]
+    pub device_memory: Option<Budget>,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -96,6 +108,13 @@ impl ModelArgs {
         c.prefix_store = self.prefix_store;
         if let Some(t) = self.threads {
             c.threads = t.max(1);
+        }
+        c.gpu_layers = self.gpu_layers;
+        c.device_budget = self.device_memory.unwrap_or(Budget::Fraction(1.0));
+        if self.gpu_layers != Some(GpuLayers::Count(0)) {
+            // none in a CPU build; the engine refuses --gpu-layers then (`plan` may add a
+            // hypothetical device first)
+            c.device = abserve_engine::device::find(self.device.as_deref()).map_err(|e| anyhow::anyhow!(e))?.map(DeviceHandle);
         }
         Ok(c)
     }

@@ -2,7 +2,11 @@
 //! numbers, without loading any weights.
 
 use abserve_engine::gguf::ModelShape;
-use abserve_engine::plan::{human_bytes, parse_bytes, Budget, MemoryPlan, PlanRequest};
+use std::sync::Arc;
+
+use abserve_engine::device::FakeDevice;
+use abserve_engine::plan::{human_bytes, Budget, MemoryPlan, Offload, PlanRequest};
+use abserve_engine::DeviceHandle;
 use abserve_engine::EngineConfig;
 use clap::Args;
 
@@ -33,9 +37,6 @@ pub struct PlanArgs {
     /// Hypothetical model: vocabulary size (sizes the logits buffers).
     #[arg(long, default_value_t = 128256)]
     pub vocab: u64,
-    /// Memory of the device the model would run on (`96GiB`) instead of this machine's.
-    #[arg(long, value_parser = parse_bytes)]
-    pub device_memory: Option<u64>,
 }
 
 /// The plan of a model that is described by flags instead of a GGUF file.
@@ -69,14 +70,31 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
         flash_attention: cfg.flash_attention,
         kv_unified: cfg.kv_unified,
         prefix_store: cfg.prefix_store,
+        // without a tensor table the weights are spread evenly over the layers
+        offload: cfg.device.as_ref().and_then(|d| {
+            let gpu_layers = cfg.offloaded_layers(layers);
+            (gpu_layers > 0).then(|| Offload {
+                device: d.0.memory(),
+                budget: cfg.device_budget,
+                layers: gpu_layers.min(layers),
+                weights_bytes: if gpu_layers > layers { w } else { w / layers * gpu_layers },
+            })
+        }),
     }))
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
-    if let Some(d) = a.device_memory {
-        cfg.memory_total = Some(d);
-        cfg.budget = a.model.memory_budget.unwrap_or(Budget::Fraction(1.0));
+    // no GPU here: a device of --device-memory bytes answers "what if"
+    if cfg.device.is_none() && a.model.gpu_layers != Some(abserve_engine::GpuLayers::Count(0)) {
+        match a.model.device_memory {
+            Some(Budget::Bytes(b)) => {
+                cfg.device = Some(DeviceHandle(Arc::new(FakeDevice::hypothetical(b))));
+                cfg.device_budget = Budget::Fraction(1.0);
+            }
+            Some(Budget::Fraction(_)) => anyhow::bail!("this build has no GPU: give --device-memory in bytes for a hypothetical device"),
+            None => {}
+        }
     }
     let (plan, source) = match a.weights_bytes {
         Some(w) => (hypothetical(&a, &cfg, w)?, "hypothetical".to_string()),
@@ -112,16 +130,31 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             },
         ),
         ("planned total", human_bytes(plan.planned_bytes)),
+        ("planned on the host", format!("{} ({} B)", human_bytes(plan.host_planned_bytes), plan.host_planned_bytes)),
         ("context per sequence", format!("{} tokens", plan.context)),
         ("full-context sequences", plan.full_context_sequences.to_string()),
         ("model copies that fit", plan.copies_that_fit.to_string()),
         ("fits", if plan.fits { "yes".into() } else { "NO".into() }),
     ];
-    for (k, v) in rows {
+    for (k, v) in rows.into_iter().chain(device_rows(&plan)) {
         println!("{k:<26} {v}");
     }
     if let Err(e) = plan.check_fits() {
         println!("\n{e}");
     }
     Ok(())
+}
+
+/// The device part of the table, when layers are offloaded.
+fn device_rows(plan: &MemoryPlan) -> Vec<(&'static str, String)> {
+    let Some(d) = &plan.device else { return vec![] };
+    vec![
+        ("device", format!("{} ({}), {} free of {}", d.name, d.backend, human_bytes(d.free_bytes), human_bytes(d.total_bytes))),
+        ("layers offloaded", format!("{} of {}", d.layers_offloaded, d.n_layer)),
+        ("device budget", format!("{} ({} B), margin {}", human_bytes(d.budget_bytes), d.budget_bytes, human_bytes(d.margin_bytes))),
+        ("device weights", human_bytes(d.weights_bytes)),
+        ("device kv", human_bytes(d.kv_bytes)),
+        ("device compute", human_bytes(d.compute_bytes)),
+        ("planned on the device", format!("{} ({} B)", human_bytes(d.planned_bytes), d.planned_bytes)),
+    ]
 }

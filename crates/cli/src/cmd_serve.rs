@@ -99,7 +99,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
     let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
-    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist)?;
+    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist, engine.device())?;
     let context = engine.plan().context as usize;
     ab.check(context as u64)?;
     let config = ServerConfig {

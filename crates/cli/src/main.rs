@@ -1,6 +1,7 @@
 //! The `abserve` command line: one binary, one subcommand per job.
 
 mod args;
+mod cmd_devices;
 mod cmd_eval;
 mod cmd_experiments;
 mod cmd_generate;
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Print the memory plan for a model (or hypothetical numbers) without loading weights.
     Plan(cmd_plan::PlanArgs),
+    /// The devices (CPU, GPUs) this build can run the model on, with their memory.
+    Devices(cmd_devices::DevicesArgs),
     /// Run prompts concurrently on one shared model and print each output.
     Generate(cmd_generate::GenerateArgs),
     /// OpenAI-compatible HTTP server over one shared model.
@@ -48,6 +51,7 @@ fn main() {
         .init();
     let result = match cli.command {
         Command::Plan(a) => cmd_plan::run(a),
+        Command::Devices(a) => cmd_devices::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Serve(a) => cmd_serve::run(a),
         Command::Experiments(a) => cmd_experiments::run(a),

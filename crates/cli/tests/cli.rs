@@ -61,6 +61,13 @@ fn problem_statement_hypothetical_one_copy_fits_two_do_not() {
     let v = json(&abserve(&args));
     assert_eq!(v["fits"], true);
     assert_eq!(v["copies_that_fit"].as_u64().unwrap(), 1);
+    // the plan splits: every layer and the weights on the 96 GiB device, the rest on the host
+    let (device, host) = (v["device_planned_bytes"].as_u64().unwrap(), v["host_planned_bytes"].as_u64().unwrap());
+    assert_eq!(v["device_budget_bytes"].as_u64().unwrap(), 96 << 30);
+    assert_eq!(v["device"]["weights_bytes"].as_u64().unwrap(), 82208358400);
+    assert!(device > 82208358400 && device <= v["device"]["usable_bytes"].as_u64().unwrap(), "{v}");
+    assert_eq!(v["planned_bytes"].as_u64().unwrap(), device + host);
+    assert!(host < 2 << 30, "the host keeps buffers, not weights: {host}");
     let seqs = v["full_context_sequences"].as_u64().unwrap();
     assert!(seqs >= 1, "sequences of 4096 tokens beside one copy: {seqs}");
     // two copies' worth of weights do not fit
@@ -74,6 +81,30 @@ fn problem_statement_hypothetical_one_copy_fits_two_do_not() {
     let table = abserve(&no_json);
     let t = String::from_utf8_lossy(&table.stdout);
     assert!(t.contains("model copies that fit") && t.contains("fits"), "{t}");
+}
+
+/// The default model with 20 of its 30 layers on a (hypothetical) 1 GiB device: the plan's
+/// device part holds those layers' weights and KV, the host the rest; the table says so too.
+#[test]
+fn plan_splits_an_offloaded_model_between_device_and_host() {
+    let m = model();
+    let h = abserve_engine::gguf::GgufHeader::read(&m).unwrap();
+    let args = ["plan", "--json", "--model", m.to_str().unwrap(), "--device-memory", "1GiB", "--gpu-layers", "20", "--context", "2048"];
+    let v = json(&abserve(&args));
+    let d = &v["device"];
+    assert_eq!((d["layers_offloaded"].as_u64(), d["n_layer"].as_u64()), (Some(20), Some(30)));
+    assert_eq!(d["weights_bytes"].as_u64().unwrap(), h.offloaded_bytes(30, 20));
+    let kv = v["kv_bytes"].as_u64().unwrap();
+    assert_eq!(d["kv_bytes"].as_u64().unwrap(), v["kv_cells"].as_u64().unwrap() * (v["kv_bytes_per_token"].as_u64().unwrap() * 20 / 30));
+    assert!(d["kv_bytes"].as_u64().unwrap() < kv);
+    assert!(v["device_planned_bytes"].as_u64().unwrap() <= d["usable_bytes"].as_u64().unwrap());
+    assert_eq!(v["planned_bytes"].as_u64().unwrap(), v["host_planned_bytes"].as_u64().unwrap() + v["device_planned_bytes"].as_u64().unwrap());
+    let table = abserve(&args[..1].iter().chain(&args[2..]).copied().collect::<Vec<_>>());
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(t.contains("layers offloaded           20 of 30") && t.contains("planned on the device") && t.contains("planned on the host"), "{t}");
+    // a CPU build cannot offload for real
+    let out = abserve(&["generate", "--model", m.to_str().unwrap(), "--gpu-layers", "3", "--prompt", "hi"]);
+    assert_clean_error(&out, "--gpu-layers needs a GPU device");
 }
 
 #[test]

@@ -4,6 +4,8 @@
 
 mod support;
 
+use abserve_protocol::names;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -82,6 +84,20 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     for name in used {
         // `up` is Prometheus's own, for every scrape target
         if name == "up" {
+            continue;
+        }
+        // device series exist only with layers offloaded (a GPU build); the server's unit test
+        // `ready_and_metrics_watch_the_device` checks them exported over a fake device
+        if name.starts_with("abserve_device_memory_") {
+            let device = [
+                names::DEVICE_MEMORY_TOTAL,
+                names::DEVICE_MEMORY_FREE,
+                names::DEVICE_MEMORY_USED,
+                names::DEVICE_MEMORY_USED_BEFORE,
+                names::DEVICE_MEMORY_BUDGET,
+                names::DEVICE_MEMORY_PLANNED,
+            ];
+            assert!(device.contains(&name.as_str()), "{name} is used but abserve does not export it");
             continue;
         }
         let found = exported.get(&name).is_some() || exported.has_prefix(&format!("{name}{{"));

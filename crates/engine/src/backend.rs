@@ -65,13 +65,15 @@ pub fn backend() -> &'static LlamaBackend {
     })
 }
 
-/// Sizes llama.cpp reported for its buffers, in bytes: (kv, compute, output, model).
+/// Sizes llama.cpp reported for its buffers, in bytes: (kv, compute, output, model), and how
+/// much of them is in device buffers (a buffer whose name is not `CPU…`, e.g. `CUDA0`).
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct LlamaBuffers {
     pub model: u64,
     pub kv: u64,
     pub compute: u64,
     pub output: u64,
+    pub device: u64,
 }
 
 fn parse_mib(line: &str) -> u64 {
@@ -84,11 +86,22 @@ fn parse_mib(line: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A buffer line names its buffer type first ("CUDA0 KV buffer size = …", "CPU_Mapped model
+/// buffer size = …", after llama.cpp's function name and a colon).
+fn on_device(line: &str) -> bool {
+    let text = line.rsplit_once(": ").map_or(line, |(_, t)| t).trim_start();
+    let buffer = text.split_whitespace().next().unwrap_or("");
+    !buffer.is_empty() && !buffer.starts_with("CPU") && !buffer.eq_ignore_ascii_case("host")
+}
+
 pub fn take_buffer_log() -> LlamaBuffers {
     let lines = std::mem::take(&mut *BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()));
     let mut b = LlamaBuffers::default();
     for l in &lines {
         let v = parse_mib(l);
+        if on_device(l) {
+            b.device += v;
+        }
         if l.contains("KV buffer") {
             b.kv += v;
         } else if l.contains("compute buffer") {
@@ -116,8 +129,17 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn load(path: &Path, use_mmap: bool) -> Result<Model, BackendError> {
-        let params = LlamaModelParams::default().with_use_mmap(use_mmap);
+    /// Loads the weights; `device`: (ggml device index, layers) to offload there.
+    pub fn load(path: &Path, use_mmap: bool, device: Option<(usize, u64)>) -> Result<Model, BackendError> {
+        let mut params = LlamaModelParams::default().with_use_mmap(use_mmap);
+        if let Some((index, layers)) = device {
+            params = params.with_n_gpu_layers(layers.min(u32::MAX as u64) as u32);
+            params = params.with_devices(&[index]).map_err(|e| BackendError::Load(format!("{} (device {index}: {e})", path.display())))?;
+        } else {
+            // llama.cpp's default offloads every layer when a GPU backend is built in; the plan
+            // placed everything on the host
+            params = params.with_n_gpu_layers(0);
+        }
         let inner = LlamaModel::load_from_file(backend(), path, &params)
             .map_err(|_| BackendError::Load(path.display().to_string()))?;
         Ok(Model { inner })

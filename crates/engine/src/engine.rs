@@ -14,7 +14,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::backend::{take_buffer_log, Context, ContextConfig, LlamaBuffers, Model};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::gguf::{GgufError, GgufHeader, ModelShape};
-use crate::plan::{available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, PlanRequest};
+use crate::device::Device;
+use crate::plan::{available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
 
@@ -72,6 +73,41 @@ pub struct EngineConfig {
     pub max_itl_ms: f64,
     /// Host-memory prefix store bytes (`None`: 5% of the budget with split streams; 0: off).
     pub prefix_store: Option<u64>,
+    /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
+    /// `None`: everything on the host.
+    pub device: Option<DeviceHandle>,
+    /// Layers to offload when there is a device (`None`: all of them).
+    pub gpu_layers: Option<GpuLayers>,
+    /// The device budget: bytes, or a share of the device's free memory (default all of it,
+    /// less the margin).
+    pub device_budget: Budget,
+}
+
+/// How many layers go to the device (`--gpu-layers N|all`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayers {
+    All,
+    Count(u64),
+}
+
+impl std::str::FromStr for GpuLayers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<GpuLayers, String> {
+        match s {
+            "all" => Ok(GpuLayers::All),
+            n => n.parse().map(GpuLayers::Count).map_err(|_| format!("--gpu-layers takes a number or 'all', not '{s}'")),
+        }
+    }
+}
+
+/// A shared device, printable in a config.
+#[derive(Clone)]
+pub struct DeviceHandle(pub Arc<dyn Device>);
+
+impl std::fmt::Debug for DeviceHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.0.memory().name)
+    }
 }
 
 impl EngineConfig {
@@ -95,10 +131,36 @@ impl EngineConfig {
             kv_unified: false,
             max_itl_ms: 0.0,
             prefix_store: None,
+            device: None,
+            gpu_layers: None,
+            device_budget: Budget::Fraction(1.0),
+        }
+    }
+
+    /// Transformer layers offloaded: 0 without a device; `n_layer + 1` for all (the output layer
+    /// too, as llama.cpp counts it).
+    pub fn offloaded_layers(&self, n_layer: u64) -> u64 {
+        match (&self.device, self.gpu_layers) {
+            (None, _) => 0,
+            (Some(_), None | Some(GpuLayers::All)) => n_layer + 1,
+            (Some(_), Some(GpuLayers::Count(n))) => n.min(n_layer + 1),
         }
     }
 
     /// Reads the header and makes the plan; loads nothing.
+    /// The device part of the plan's request: the device's memory now, the offloaded layers and
+    /// their weights from the tensor table.
+    fn offload(&self, header: &GgufHeader, shape: &ModelShape) -> Option<Offload> {
+        let device = self.device.as_ref()?;
+        let gpu_layers = self.offloaded_layers(shape.n_layer);
+        (gpu_layers > 0).then(|| Offload {
+            device: device.0.memory(),
+            budget: self.device_budget,
+            layers: gpu_layers.min(shape.n_layer),
+            weights_bytes: header.offloaded_bytes(shape.n_layer, gpu_layers),
+        })
+    }
+
     pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
         let header = GgufHeader::read(&self.model)?;
         let shape = ModelShape::from_header(&header)?;
@@ -118,6 +180,7 @@ impl EngineConfig {
             // holds its own sequence), and that is what the switch exists to show
             kv_unified: self.kv_unified || !self.admission_control,
             prefix_store: if self.prefix_sharing { self.prefix_store } else { Some(0) },
+            offload: self.offload(&header, &shape),
         });
         Ok((header, plan))
     }
@@ -127,6 +190,8 @@ impl EngineConfig {
 pub enum EngineError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    #[error("--gpu-layers needs a GPU device, and this build has none (build with --features cuda or vulkan; `abserve devices` lists what it has)")]
+    NoDevice,
     #[error(transparent)]
     DoesNotFit(#[from] DoesNotFit),
     #[error(transparent)]
@@ -161,6 +226,7 @@ pub struct Engine {
     max_queue: usize,
     thread: Option<JoinHandle<()>>,
     model_path: PathBuf,
+    device: Option<DeviceHandle>,
 }
 
 struct LlamaCompute<'m> {
@@ -219,6 +285,9 @@ impl Engine {
     }
 
     pub fn start_with_observer(cfg: EngineConfig, observer: Option<StepObserver>) -> Result<Engine, EngineError> {
+        if cfg.device.is_none() && cfg.gpu_layers.is_some_and(|g| g != GpuLayers::Count(0)) {
+            return Err(EngineError::NoDevice);
+        }
         let (header, plan) = cfg.plan()?;
         if plan.context > plan.shape.n_ctx_train {
             return Err(EngineError::ContextTooLong { context: plan.context, train: plan.shape.n_ctx_train });
@@ -228,7 +297,9 @@ impl Engine {
             tracing::info!("{line}");
         }
         let rss_before_load = current_rss();
-        let model = Arc::new(Model::load(&cfg.model, cfg.use_mmap)?);
+        // a fake device (tests) plans and admits like a real one but loads nothing onto it
+        let placement = cfg.device.as_ref().and_then(|d| d.0.ggml_index()).map(|index| (index, cfg.offloaded_layers(plan.shape.n_layer)));
+        let model = Arc::new(Model::load(&cfg.model, cfg.use_mmap, placement)?);
         let rss_after_load = current_rss();
         let (bos, eos) = model.bos_eos_text();
         let chat = ChatTemplate::new(header.chat_template(), &bos, &eos);
@@ -284,6 +355,17 @@ impl Engine {
             human_bytes(llama.compute + llama.output),
             human_bytes(plan.compute_bytes),
         );
+        if let Some(d) = &plan.device {
+            // what llama.cpp put in device buffers, against the device part of the plan
+            if llama.device > d.planned_bytes {
+                tracing::warn!(
+                    "device {}: llama.cpp allocated {} in device buffers, above the {} planned: the plan under-estimated",
+                    d.name, human_bytes(llama.device), human_bytes(d.planned_bytes)
+                );
+            } else {
+                tracing::info!("device {}: llama.cpp allocated {} in device buffers (planned {})", d.name, human_bytes(llama.device), human_bytes(d.planned_bytes));
+            }
+        }
         Ok(Engine {
             max_queue: cfg.max_queue.resolve(plan.seq_slots as usize),
             tx,
@@ -294,6 +376,7 @@ impl Engine {
             measured,
             thread: Some(thread),
             model_path: cfg.model,
+            device: cfg.device,
         })
     }
 
@@ -312,6 +395,11 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// The device layers were offloaded to (its memory can be read at any time).
+    pub fn device(&self) -> Option<Arc<dyn Device>> {
+        self.device.as_ref().map(|d| d.0.clone())
     }
 
     pub fn model_path(&self) -> &Path {

@@ -292,6 +292,24 @@ impl GgufHeader {
         self.tensors.iter().map(|t| t.bytes).sum()
     }
 
+    /// Bytes of weights llama.cpp places on a device with `gpu_layers` offloaded of `n_layer`:
+    /// the last layers' tensors (`blk.N.*`, N ≥ n_layer − gpu_layers); with more than `n_layer`,
+    /// also the output layer (`output*`), which for a model with tied embeddings is a copy of
+    /// `token_embd` (the input embeddings themselves always stay on the host).
+    pub fn offloaded_bytes(&self, n_layer: u64, gpu_layers: u64) -> u64 {
+        let first = n_layer.saturating_sub(gpu_layers);
+        let layer = |name: &str| name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<u64>().ok());
+        let mut bytes: u64 = self.tensors.iter().filter(|t| layer(&t.name).is_some_and(|i| i >= first)).map(|t| t.bytes).sum();
+        if gpu_layers > n_layer {
+            let output: Vec<_> = self.tensors.iter().filter(|t| t.name.starts_with("output")).collect();
+            bytes += output.iter().map(|t| t.bytes).sum::<u64>();
+            if !output.iter().any(|t| t.name == "output.weight") {
+                bytes += self.tensors.iter().filter(|t| t.name == "token_embd.weight").map(|t| t.bytes).sum::<u64>();
+            }
+        }
+        bytes
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }

@@ -1,7 +1,8 @@
 //! abserve's engine: one shared llama.cpp model, a memory plan made before loading, and a
 //! continuous-batching scheduler on a dedicated thread. No HTTP here.
 //!
-//! - [`plan`]: the memory plan from the GGUF header alone ([`gguf`]), before any weights load;
+//! - [`plan`]: the memory plan from the GGUF header alone ([`gguf`]), before any weights load,
+//!   split between host and a [`device`] when layers are offloaded;
 //! - `engine`: [`Engine`] starts the thread that owns the llama.cpp context (`backend`) and
 //!   takes [`Request`]s; each answers on its own channel of [`Event`]s ([`collect`] folds them);
 //! - `scheduler`: admission, KV slots and cells, prefix reuse, batching, preemption (see
@@ -11,6 +12,7 @@
 mod backend;
 mod chat;
 mod collect;
+pub mod device;
 mod engine;
 mod request;
 mod sampler;
@@ -24,7 +26,7 @@ pub use backend::Model;
 pub use engine::MeasuredMemory;
 pub use chat::{ChatMessage, ChatTemplateError};
 pub use collect::{collect, collect_blocking, Collector, Output};
-pub use engine::{Engine, EngineConfig, EngineError, QueueLimit};
+pub use engine::{DeviceHandle, Engine, EngineConfig, EngineError, GpuLayers, QueueLimit};
 pub use request::{Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError};
 pub use sampler::{SamplingParams, TokenLogprob};
 pub use scheduler::{EngineStats, StatsSnapshot};

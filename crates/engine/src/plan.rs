@@ -176,6 +176,43 @@ pub struct PlanRequest {
     /// Host-memory prefix store in bytes; `None`: 5% of the budget with split streams, none
     /// with a unified cache.
     pub prefix_store: Option<u64>,
+    /// Layers offloaded to a device (`None` or 0 layers: everything on the host).
+    pub offload: Option<Offload>,
+}
+
+/// What goes to a device: the last `layers` transformer layers (llama.cpp's `n_gpu_layers`),
+/// their weights, their KV cells and the compute buffers.
+#[derive(Debug, Clone)]
+pub struct Offload {
+    /// The device as it was when the plan was made (free memory sizes a fractional budget).
+    pub device: crate::device::DeviceMemory,
+    /// Bytes or a share of the device's free memory (`--device-memory`).
+    pub budget: Budget,
+    /// Transformer layers offloaded (at most the model's).
+    pub layers: u64,
+    /// Bytes of weights placed on the device (from the GGUF tensor table).
+    pub weights_bytes: u64,
+}
+
+/// The device part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct DevicePlan {
+    pub name: String,
+    pub backend: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Device memory in use when the plan was made (other processes, other models).
+    pub used_before_bytes: u64,
+    pub layers_offloaded: u64,
+    pub n_layer: u64,
+    pub budget_bytes: u64,
+    pub margin_bytes: u64,
+    pub usable_bytes: u64,
+    pub weights_bytes: u64,
+    pub kv_bytes: u64,
+    pub compute_bytes: u64,
+    /// weights + kv + compute on the device.
+    pub planned_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -205,13 +242,108 @@ pub struct MemoryPlan {
     pub kv_cells_per_slot: u64,
     /// Host memory for saved prompt prefixes (split streams), taken from the budget before KV.
     pub prefix_store_bytes: u64,
-    /// weights + kv + compute + prefix store.
+    /// weights + kv + compute + prefix store, host and device together.
     pub planned_bytes: u64,
+    /// The host's part of `planned_bytes` (all of it without offload): what RSS is held to.
+    pub host_planned_bytes: u64,
+    /// The device's budget and part of `planned_bytes`, when layers are offloaded.
+    pub device_budget_bytes: Option<u64>,
+    pub device_planned_bytes: Option<u64>,
+    pub device: Option<DevicePlan>,
     /// How many separate copies of the model (each with one sequence of `context`) fit in the
     /// usable budget: the naive harness's question.
     pub copies_that_fit: u64,
     pub fits: bool,
     pub shape: ModelShape,
+}
+
+/// How a plan divides between host and device: weights, KV bytes per token on each side.
+struct Split<'a> {
+    offload: Option<&'a Offload>,
+    host_weights: u64,
+    device_weights: u64,
+    kv_host_per_token: u64,
+    kv_device_per_token: u64,
+    device_budget: u64,
+    device_margin: u64,
+    layers: u64,
+    n_layer: u64,
+}
+
+impl<'a> Split<'a> {
+    fn new(req: &'a PlanRequest, kv_bytes_per_token: u64) -> Split<'a> {
+        let n_layer = req.shape.n_layer.max(1);
+        let offload = req.offload.as_ref().filter(|o| o.layers > 0);
+        let layers = offload.map_or(0, |o| o.layers.min(n_layer));
+        let device_weights = offload.map_or(0, |o| o.weights_bytes.min(req.weights_bytes));
+        // KV cells are per layer: the offloaded layers keep theirs on the device
+        let kv_device_per_token = kv_bytes_per_token * layers / n_layer;
+        let device_budget = offload.map_or(0, |o| match o.budget {
+            Budget::Bytes(b) => b,
+            Budget::Fraction(f) => (o.device.free_bytes as f64 * f) as u64,
+        });
+        Split {
+            offload,
+            host_weights: req.weights_bytes - device_weights,
+            device_weights,
+            kv_host_per_token: kv_bytes_per_token - kv_device_per_token,
+            kv_device_per_token,
+            device_budget,
+            device_margin: (device_budget as f64 * req.margin.clamp(0.0, 0.9)) as u64,
+            layers,
+            n_layer,
+        }
+    }
+
+    /// The most KV cells both sides hold: the host (weights, prefix store, its KV share, and the
+    /// compute buffers unless they are on the device) and the device (weights, KV, compute).
+    fn cells_that_fit(&self, req: &PlanRequest, usable: u64, prefix_store: u64, slots: u64) -> u64 {
+        let on_device = self.offload.is_some();
+        let host_fixed_compute = if on_device { compute_estimate(&req.shape, req.n_batch, slots, 0, req.flash_attention) } else { 0 };
+        let host = cells_within(req, usable, self.host_weights + prefix_store + host_fixed_compute, self.kv_host_per_token, !on_device, slots);
+        if !on_device {
+            return host;
+        }
+        let device = cells_within(req, self.device_budget - self.device_margin, self.device_weights, self.kv_device_per_token, true, slots);
+        host.min(device)
+    }
+
+    fn device_plan(&self, kv_cells: u64, compute_bytes: u64) -> Option<DevicePlan> {
+        let o = self.offload?;
+        let kv_bytes = kv_cells * self.kv_device_per_token;
+        Some(DevicePlan {
+            name: o.device.name.clone(),
+            backend: o.device.backend.clone(),
+            total_bytes: o.device.total_bytes,
+            free_bytes: o.device.free_bytes,
+            used_before_bytes: o.device.used_bytes(),
+            layers_offloaded: self.layers,
+            n_layer: self.n_layer,
+            budget_bytes: self.device_budget,
+            margin_bytes: self.device_margin,
+            usable_bytes: self.device_budget - self.device_margin,
+            weights_bytes: self.device_weights,
+            kv_bytes,
+            compute_bytes,
+            planned_bytes: self.device_weights + kv_bytes + compute_bytes,
+        })
+    }
+}
+
+/// The most KV cells such that `fixed` + cells × `per_cell` (+ the compute buffers when
+/// `with_compute`, which grow with the cells) stays within `usable`.
+fn cells_within(req: &PlanRequest, usable: u64, fixed: u64, per_cell: u64, with_compute: bool, slots: u64) -> u64 {
+    let c = |cells| if with_compute { compute_estimate(&req.shape, req.n_batch, slots, cells, req.flash_attention) } else { 0 };
+    let fixed_compute = c(0);
+    let per_cell_compute = c(1) - fixed_compute;
+    let room = usable.saturating_sub(fixed + fixed_compute);
+    let mut fit = if per_cell + per_cell_compute == 0 { u64::MAX } else { room / (per_cell + per_cell_compute) };
+    if with_compute && req.flash_attention {
+        // the flash-attention scratch stops growing at 4096 cells
+        let room2 = usable.saturating_sub(fixed + c(4096));
+        fit = fit.max(if per_cell == 0 { u64::MAX } else { room2 / per_cell });
+    }
+    fit
 }
 
 /// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
@@ -235,9 +367,11 @@ pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_cel
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "model does not fit the memory budget: weights {weights} + minimum KV {min_kv} ({context} tokens × {per_token} B) + compute {compute} = {need} > usable {usable} (budget {budget} minus {margin_pct}% margin {margin})"
+    "model does not fit the {place}: weights {weights} + minimum KV {min_kv} ({context} tokens × {per_token} B) + compute {compute} = {need} > usable {usable} (budget {budget} minus {margin_pct}% margin {margin})"
 )]
 pub struct DoesNotFit {
+    /// "memory budget", or the device's budget with its name and free memory.
+    pub place: String,
     pub weights: u64,
     pub min_kv: u64,
     pub context: u64,
@@ -266,19 +400,9 @@ impl MemoryPlan {
         // split streams: every slot owns pad256(context) cells (llama.cpp pads n_ctx_seq to 256)
         let per_slot = if req.kv_unified { context } else { context.div_ceil(KV_PAD) * KV_PAD };
         let cap = req.kv_cells_cap.unwrap_or(max_slots * per_slot);
-        // compute grows with the KV size (attention scores): solve
-        // weights + compute(kv) + kv × per_token <= usable for the largest kv
-        let fixed = compute_estimate(s, req.n_batch, max_slots, 0, req.flash_attention);
-        let per_cell_compute = compute_estimate(s, req.n_batch, max_slots, 1, req.flash_attention) - fixed;
         let prefix_store_bytes = if req.kv_unified { 0 } else { req.prefix_store.unwrap_or(budget_bytes / 20) };
-        let room = usable_bytes.saturating_sub(req.weights_bytes + fixed + prefix_store_bytes);
-        let mut fit = room / (kv_bytes_per_token + per_cell_compute).max(1);
-        if req.flash_attention {
-            // the flash-attention scratch stops growing at 4096 cells
-            let room2 = usable_bytes
-                .saturating_sub(req.weights_bytes + prefix_store_bytes + compute_estimate(s, req.n_batch, max_slots, 4096, true));
-            fit = fit.max(room2 / kv_bytes_per_token.max(1));
-        }
+        let split = Split::new(req, kv_bytes_per_token);
+        let fit = split.cells_that_fit(req, usable_bytes, prefix_store_bytes, max_slots);
         let (kv_cells, seq_slots, kv_cells_per_slot, full_context_sequences) = if req.kv_unified {
             let kv_cells = (fit.min(cap) / KV_PAD) * KV_PAD;
             (kv_cells, max_slots, kv_cells, (kv_cells / context).min(max_slots))
@@ -288,11 +412,17 @@ impl MemoryPlan {
         };
         let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_cells, req.flash_attention);
         let kv_bytes = kv_cells * kv_bytes_per_token;
+        let device = split.device_plan(kv_cells, compute_bytes);
+        // with layers on a device, the compute buffers that grow with the KV sit there; the host
+        // keeps the fixed part (inputs, logits, outputs), counted in full to stay on the safe side
+        let host_compute = if device.is_some() { compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention) } else { compute_bytes };
+        let host_planned_bytes = split.host_weights + kv_cells * split.kv_host_per_token + host_compute + prefix_store_bytes;
         let min_copy = req.weights_bytes
             + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
             + per_slot * kv_bytes_per_token;
-        let copies_that_fit = usable_bytes / min_copy.max(1);
-        let planned_bytes = req.weights_bytes + kv_bytes + compute_bytes + prefix_store_bytes;
+        // the naive harness's question, asked of the memory the model would live in
+        let copies_that_fit = device.as_ref().map_or(usable_bytes, |d| d.usable_bytes) / min_copy.max(1);
+        let device_fits = device.as_ref().is_none_or(|d| d.planned_bytes <= d.usable_bytes);
         MemoryPlan {
             weights_bytes: req.weights_bytes,
             kv_type: req.kv_type,
@@ -311,39 +441,101 @@ impl MemoryPlan {
             kv_unified: req.kv_unified,
             kv_cells_per_slot,
             prefix_store_bytes,
-            planned_bytes,
+            planned_bytes: host_planned_bytes + device.as_ref().map_or(0, |d| d.planned_bytes),
+            host_planned_bytes,
+            device_budget_bytes: device.as_ref().map(|d| d.budget_bytes),
+            device_planned_bytes: device.as_ref().map(|d| d.planned_bytes),
             copies_that_fit,
-            fits: full_context_sequences >= 1 && planned_bytes <= usable_bytes,
+            fits: full_context_sequences >= 1 && host_planned_bytes <= usable_bytes && device_fits,
+            device,
             shape: *s,
         }
     }
 
-    /// Err with every number when not even one sequence of `context` fits beside the weights.
+    /// Err with every number when not even one sequence of `context` fits beside the weights,
+    /// on the device (when layers are offloaded) or in host memory.
     pub fn check_fits(&self) -> Result<(), DoesNotFit> {
         if self.fits {
             return Ok(());
         }
-        let min_kv = self.context * self.kv_bytes_per_token;
-        Err(DoesNotFit {
-            weights: self.weights_bytes,
+        let pct = |margin: u64, budget: u64| if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 };
+        if let Some(d) = &self.device {
+            let per_token = self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1);
+            let min_kv = self.context * per_token;
+            let compute = compute_estimate(&self.shape, self.n_batch, 1, self.context, self.flash_attention);
+            if d.weights_bytes + min_kv + compute <= d.usable_bytes && d.planned_bytes <= d.usable_bytes {
+                return Err(self.host_does_not_fit());
+            }
+            return Err(DoesNotFit {
+                place: format!(
+                    "device budget of {} ({} layers of {} offloaded; {} B free of {} B)",
+                    d.name, d.layers_offloaded, d.n_layer, d.free_bytes, d.total_bytes
+                ),
+                weights: d.weights_bytes,
+                min_kv,
+                context: self.context,
+                per_token,
+                compute,
+                need: d.weights_bytes + min_kv + compute,
+                usable: d.usable_bytes,
+                budget: d.budget_bytes,
+                margin: d.margin_bytes,
+                margin_pct: pct(d.margin_bytes, d.budget_bytes),
+            });
+        }
+        Err(self.host_does_not_fit())
+    }
+
+    fn host_does_not_fit(&self) -> DoesNotFit {
+        let pct = |margin: u64, budget: u64| if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 };
+        // with layers offloaded, the host holds the other layers' weights and KV
+        let (weights, per_token, compute) = match &self.device {
+            Some(d) => (
+                self.weights_bytes - d.weights_bytes,
+                self.kv_bytes_per_token - self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1),
+                compute_estimate(&self.shape, self.n_batch, self.seq_slots, 0, self.flash_attention),
+            ),
+            None => (self.weights_bytes, self.kv_bytes_per_token, self.compute_bytes),
+        };
+        let min_kv = self.context * per_token;
+        DoesNotFit {
+            place: "memory budget".into(),
+            weights,
             min_kv,
             context: self.context,
-            per_token: self.kv_bytes_per_token,
-            compute: self.compute_bytes,
-            need: self.weights_bytes + min_kv + self.compute_bytes,
+            per_token,
+            compute,
+            need: weights + min_kv + compute,
             usable: self.usable_bytes,
             budget: self.budget_bytes,
             margin: self.margin_bytes,
-            margin_pct: if self.budget_bytes > 0 {
-                (self.margin_bytes as f64 / self.budget_bytes as f64 * 100.0).round()
-            } else {
-                0.0
-            },
-        })
+            margin_pct: pct(self.margin_bytes, self.budget_bytes),
+        }
     }
 
     /// One line per component, as `abserve serve` logs it at start-up.
     pub fn summary_lines(&self) -> Vec<String> {
+        let mut lines = self.host_lines();
+        if let Some(d) = &self.device {
+            lines.push(format!(
+                "device {} ({}): {} of {} layers offloaded; weights {}, kv {}, compute {} = {} planned, budget {} (margin {}) of {} free",
+                d.name,
+                d.backend,
+                d.layers_offloaded,
+                d.n_layer,
+                human_bytes(d.weights_bytes),
+                human_bytes(d.kv_bytes),
+                human_bytes(d.compute_bytes),
+                human_bytes(d.planned_bytes),
+                human_bytes(d.budget_bytes),
+                human_bytes(d.margin_bytes),
+                human_bytes(d.free_bytes),
+            ));
+        }
+        lines
+    }
+
+    fn host_lines(&self) -> Vec<String> {
         vec![
             format!(
                 "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, prefix store {}, budget {} (margin {})",
@@ -404,6 +596,7 @@ mod tests {
             flash_attention: false,
             kv_unified: true,
             prefix_store: None,
+            offload: None,
         }
     }
 

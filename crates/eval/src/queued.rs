@@ -25,6 +25,9 @@ use crate::results::ResultRow;
 use crate::runner::{blank, call_for, record};
 use crate::target::Capacity;
 
+/// A run's results queue is deleted by the broker after this long without a consumer.
+const RESULTS_EXPIRE_MS: i32 = 24 * 3600 * 1000;
+
 /// Where the jobs go.
 #[derive(Debug, Clone)]
 pub struct QueueSpec {
@@ -48,7 +51,11 @@ pub(crate) async fn generate(
     let declared = queues.declare(&ch).await?;
     let results = queues.results(&run);
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(&results, durable, FieldTable::default()).await.map_err(amqp("declaring the results queue"))?;
+    // the results of a run whose eval was killed are dropped by the broker a day after its
+    // last consumer left (a rerun of the eval resumes from results.jsonl with a new run)
+    let mut args = FieldTable::default();
+    args.insert("x-expires".into(), lapin::types::AMQPValue::LongInt(RESULTS_EXPIRE_MS));
+    ch.queue_declare(&results, durable, args).await.map_err(amqp("declaring the results queue"))?;
 
     let mut pending: BTreeMap<String, (&Row, &Variant)> = BTreeMap::new();
     let mut confirms = Vec::new();

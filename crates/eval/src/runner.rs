@@ -212,14 +212,7 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
     let mut results = latest(old);
     let variants: BTreeSet<&str> = cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect();
     let rows: BTreeMap<&str, &Row> = ds.rows.iter().map(|r| (r.id.as_str(), r)).collect();
-    let judge_target = match (&source, judge_target, cfg.judge()) {
-        (_, Some(j), _) => Some(j),
-        (Source::Target(t), None, _) => Some(t.clone()),
-        (Source::Queue(_), None, Some(s)) => {
-            return Err(EvalError::Config(format!("scorer '{}': with --amqp the judge needs its own `url` (workers answer the variants only)", s.name)))
-        }
-        (Source::Queue(_), None, None) => None,
-    };
+    let judge_target = judge_for(cfg, &source, judge_target)?;
 
     rescore(cfg, &rows, &mut results, &log).await?;
 
@@ -288,6 +281,18 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
         skipped_done,
         wall: started.elapsed(),
         peak_memory: (peak > 0).then_some(peak),
+    })
+}
+
+/// Who judges: the judge's own endpoint, else the target that answered (a queue cannot judge).
+fn judge_for(cfg: &EvalConfig, source: &Source, judge_target: Option<Arc<Target>>) -> Result<Option<Arc<Target>>, EvalError> {
+    Ok(match (source, judge_target, cfg.judge()) {
+        (_, Some(j), _) => Some(j),
+        (Source::Target(t), None, _) => Some(t.clone()),
+        (Source::Queue(_), None, Some(s)) => {
+            return Err(EvalError::Config(format!("scorer '{}': with --amqp the judge needs its own `url` (workers answer the variants only)", s.name)))
+        }
+        (Source::Queue(_), None, None) => None,
     })
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use abserve_ab::Store;
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 
@@ -81,7 +81,15 @@ pub async fn work(target: Arc<Target>, slots: u16, opts: Options, tally: Arc<Tal
             d = consumer.next() => match d {
                 Some(Ok(d)) => {
                     let ctx = ctx.clone();
-                    tasks.spawn(async move { handle(&ctx, d).await });
+                    tasks.spawn(async move {
+                        let r = handle(&ctx, &d).await;
+                        if r.is_err() {
+                            // back to the queue for another try (the broker counts it toward
+                            // the delivery limit)
+                            let _ = d.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                        }
+                        r
+                    });
                 }
                 Some(Err(e)) => return Err(EvalError::Queue(format!("consuming: {e}"))),
                 None => break,
@@ -102,19 +110,18 @@ pub async fn work(target: Arc<Target>, slots: u16, opts: Options, tally: Arc<Tal
 fn log_task(done: Result<Result<(), EvalError>, tokio::task::JoinError>) {
     match done {
         Ok(Ok(())) => {}
-        // the delivery stays unacked: the broker redelivers it
-        Ok(Err(e)) => tracing::error!("job not acknowledged: {e}"),
+        Ok(Err(e)) => tracing::error!("job returned to the queue: {e}"),
         Err(e) => tracing::error!("job task failed: {e}"),
     }
 }
 
-async fn handle(ctx: &Ctx, d: Delivery) -> Result<(), EvalError> {
+async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
     let failures = header_int(&d.properties, FAILURES).max(0) as u32;
     let job: Job = match serde_json::from_slice(&d.data) {
         Ok(j) => j,
         Err(e) => {
-            dead_letter(ctx, &d, &format!("not a job: {e}"), failures).await?;
-            return ack(&d).await;
+            dead_letter(ctx, d, &format!("not a job: {e}"), failures).await?;
+            return ack(d).await;
         }
     };
     let answer = loop {
@@ -127,24 +134,24 @@ async fn handle(ctx: &Ctx, d: Delivery) -> Result<(), EvalError> {
     match answer {
         Ok(g) => {
             let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: Some(g), error: None };
-            reply(ctx, &d, &job, &r).await?;
+            reply(ctx, d, &job, &r).await?;
             ctx.tally.answered.fetch_add(1, Ordering::Relaxed);
         }
         Err(e) if failures + 1 < ctx.max_failures => {
             tracing::warn!("job {} failed ({} of {} tries): {e}; requeued", job.id, failures + 1, ctx.max_failures);
-            let props = d.properties.clone().with_headers(headers(&d, failures + 1, &e.to_string()));
+            let props = d.properties.clone().with_headers(headers(d, failures + 1, &e.to_string()));
             queue::publish_confirmed(&ctx.publish, &ctx.queues.jobs, &d.data, props).await?;
             ctx.tally.retried.fetch_add(1, Ordering::Relaxed);
         }
         Err(e) => {
             let error = format!("failed {} times; last error: {e}", failures + 1);
             tracing::error!("job {}: {error}; moved to '{}'", job.id, ctx.queues.dead);
-            dead_letter(ctx, &d, &error, failures + 1).await?;
+            dead_letter(ctx, d, &error, failures + 1).await?;
             let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: None, error: Some(error) };
-            reply(ctx, &d, &job, &r).await?;
+            reply(ctx, d, &job, &r).await?;
         }
     }
-    ack(&d).await
+    ack(d).await
 }
 
 /// Makes a result durable: the store (once per job id), then the run's results queue.

@@ -12,6 +12,20 @@ pub struct ReadyMemory {
     pub margin_bytes: u64,
 }
 
+/// The device layers are offloaded to, read now, beside its part of the plan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReadyDevice {
+    pub name: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// In use now, by every process.
+    pub used_bytes: u64,
+    /// In use before abserve loaded (other processes); `used − used_before` is abserve's.
+    pub used_before_bytes: u64,
+    pub budget_bytes: u64,
+    pub planned_bytes: u64,
+}
+
 /// The memory plan's capacity.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReadyPlan {
@@ -41,6 +55,9 @@ pub struct Ready {
     pub waiting: u64,
     /// Requests that may wait before the server answers 429.
     pub max_queue: u64,
+    /// With layers offloaded: the device's memory and its plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<ReadyDevice>,
 }
 
 /// One variant's answer in a fan-out; `error` instead of the rest when it failed.

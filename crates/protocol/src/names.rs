@@ -11,6 +11,13 @@ pub const MEMORY_BUDGET: &str = "abserve_memory_budget_bytes";
 pub const MEMORY_PLANNED: &str = "abserve_memory_planned_bytes";
 pub const MEMORY_PEAK_RESIDENT: &str = "abserve_memory_peak_resident_bytes";
 
+/// The device's memory (GPU builds with layers offloaded), labelled `device`.
+pub const DEVICE_MEMORY_TOTAL: &str = "abserve_device_memory_total_bytes";
+pub const DEVICE_MEMORY_FREE: &str = "abserve_device_memory_free_bytes";
+pub const DEVICE_MEMORY_USED: &str = "abserve_device_memory_used_bytes";
+pub const DEVICE_MEMORY_USED_BEFORE: &str = "abserve_device_memory_used_before_start_bytes";
+pub const DEVICE_MEMORY_BUDGET: &str = "abserve_device_memory_budget_bytes";
+pub const DEVICE_MEMORY_PLANNED: &str = "abserve_device_memory_planned_bytes";
 pub const KV_CELLS_TOTAL: &str = "abserve_kv_cells_total";
 pub const KV_CELLS_USED: &str = "abserve_kv_cells_used";
 pub const KV_CELLS_CACHED: &str = "abserve_kv_cells_cached";

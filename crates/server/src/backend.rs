@@ -2,6 +2,9 @@
 //! through a fake that implements it (as TGI's router tests its queue without a backend), and
 //! [`abserve_engine::Engine`] implements it for real.
 
+use std::sync::Arc;
+
+use abserve_engine::device::Device;
 use abserve_engine::plan::MemoryPlan;
 use abserve_engine::{ChatMessage, ChatTemplateError, Engine, Event, Request, StatsSnapshot, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -28,6 +31,10 @@ pub trait Backend: Send + Sync + 'static {
     fn piece(&self, token: i32) -> Vec<u8>;
     /// A token's text, lossily decoded.
     fn token_text(&self, token: i32) -> String;
+    /// The device the model's layers are offloaded to, if any.
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        None
+    }
 }
 
 impl Backend for Engine {
@@ -54,6 +61,9 @@ impl Backend for Engine {
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
         Engine::render_chat(self, messages)
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Engine::device(self)
     }
     fn n_vocab(&self) -> usize {
         self.model().n_vocab()

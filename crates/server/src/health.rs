@@ -1,13 +1,13 @@
 //! `/health` (liveness: the engine thread is alive), `/ready` (readiness: a real 1-token
-//! generation through the scheduler's priority lane plus the memory margin, cached for a few
-//! seconds) and `/metrics` (Prometheus text format).
+//! generation through the scheduler's priority lane plus the memory margin, and the device's
+//! memory within its budget when layers are offloaded; cached for a few seconds) and `/metrics` (Prometheus text format).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use abserve_engine::plan::current_rss;
 use abserve_engine::{Request, SamplingParams};
-use abserve_protocol::abserve::{Health, Ready, ReadyMemory, ReadyPlan};
+use abserve_protocol::abserve::{Health, Ready, ReadyDevice, ReadyMemory, ReadyPlan};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -64,11 +64,36 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         running: s.running,
         waiting: s.waiting,
         max_queue: state.engine.max_queue() as u64,
+        device: device_state(state),
     };
     if rss > limit {
         return Err(format!("resident memory {rss} B is above the budget {limit} B"));
     }
+    if let Some(d) = &body.device {
+        let ours = d.used_bytes.saturating_sub(d.used_before_bytes);
+        if ours > d.budget_bytes {
+            return Err(format!(
+                "device {} memory in use by abserve {ours} B (used {} B of {} B, {} B before start) is above the device budget {} B",
+                d.name, d.used_bytes, d.total_bytes, d.used_before_bytes, d.budget_bytes
+            ));
+        }
+    }
     Ok(body)
+}
+
+/// The device's memory now and its plan, when layers are offloaded.
+fn device_state(state: &AppState) -> Option<ReadyDevice> {
+    let (dev, plan) = (state.engine.device()?, state.engine.plan().device.as_ref()?);
+    let m = dev.memory();
+    Some(ReadyDevice {
+        name: m.name.clone(),
+        total_bytes: m.total_bytes,
+        free_bytes: m.free_bytes,
+        used_bytes: m.used_bytes(),
+        used_before_bytes: plan.used_before_bytes,
+        budget_bytes: plan.budget_bytes,
+        planned_bytes: plan.planned_bytes,
+    })
 }
 
 /// Readiness: a real 1-token generation ran and memory is within the plan.

@@ -14,6 +14,8 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     stats: Arc<EngineStats>,
+    /// The device and its gauges (total, free, used), read at every scrape.
+    device: Option<(Arc<dyn abserve_engine::device::Device>, [IntGauge; 3])>,
     pub requests_total: IntCounterVec,
     pub store_errors: IntCounterVec,
     pub generation_errors: IntCounterVec,
@@ -82,11 +84,14 @@ impl Reg<'_> {
 /// The plan's figures, constant for the life of the process.
 fn register_plan(reg: &Reg, plan: &MemoryPlan) -> prometheus::Result<()> {
     reg.constant(names::MEMORY_BUDGET, "Memory budget the plan was made for", plan.budget_bytes)?;
-    let planned = reg.gauges(names::MEMORY_PLANNED, "Planned memory per component", "component")?;
+    let planned = reg.gauges(names::MEMORY_PLANNED, "Planned host memory per component (they sum to the host plan)", "component")?;
+    // with layers offloaded, the device's part is exported apart (abserve_device_memory_*)
+    let (dw, dk) = plan.device.as_ref().map_or((0, 0), |d| (d.weights_bytes, d.kv_bytes));
+    let (weights, kv) = (plan.weights_bytes - dw, plan.kv_bytes - dk);
     for (c, v) in [
-        ("weights", plan.weights_bytes),
-        ("kv", plan.kv_bytes),
-        ("compute", plan.compute_bytes),
+        ("weights", weights),
+        ("kv", kv),
+        ("compute", plan.host_planned_bytes - weights - kv - plan.prefix_store_bytes),
         ("prefix_store", plan.prefix_store_bytes),
     ] {
         planned.with_label_values(&[c]).set(v as i64);
@@ -104,11 +109,39 @@ fn register_plan(reg: &Reg, plan: &MemoryPlan) -> prometheus::Result<()> {
     Ok(())
 }
 
+/// The device's gauges: the plan's device budget and planned bytes (constants) and the
+/// device's total, free and used memory (read at every scrape), labelled with its name.
+fn register_device(reg: &Reg, p: &abserve_engine::plan::DevicePlan) -> prometheus::Result<[IntGauge; 3]> {
+    let label = |name: &str, help: &str| IntGauge::with_opts(Opts::new(name, help).const_label("device", p.name.as_str()));
+    let constant = |name: &str, help: &str, v: u64| -> prometheus::Result<()> {
+        let g = reg.add(label(name, help)?)?;
+        g.set(v as i64);
+        Ok(())
+    };
+    constant(names::DEVICE_MEMORY_BUDGET, "Device memory budget the plan was made for", p.budget_bytes)?;
+    constant(names::DEVICE_MEMORY_PLANNED, "Device memory the plan places there (weights + KV + compute)", p.planned_bytes)?;
+    constant(names::DEVICE_MEMORY_USED_BEFORE, "Device memory in use before abserve loaded (other processes)", p.used_before_bytes)?;
+    Ok([
+        reg.add(label(names::DEVICE_MEMORY_TOTAL, "Device memory in all")?)?,
+        reg.add(label(names::DEVICE_MEMORY_FREE, "Device memory free now")?)?,
+        reg.add(label(names::DEVICE_MEMORY_USED, "Device memory in use now, by every process")?)?,
+    ])
+}
+
 impl Metrics {
-    pub fn new(plan: &MemoryPlan, stats: Arc<EngineStats>, engine_step: Histogram) -> prometheus::Result<Arc<Metrics>> {
+    pub fn new(
+        plan: &MemoryPlan,
+        stats: Arc<EngineStats>,
+        engine_step: Histogram,
+        device: Option<Arc<dyn abserve_engine::device::Device>>,
+    ) -> prometheus::Result<Arc<Metrics>> {
         let registry = Registry::new();
         let reg = Reg(&registry);
         register_plan(&reg, plan)?;
+        let device = match (device, &plan.device) {
+            (Some(d), Some(p)) => Some((d, register_device(&reg, p)?)),
+            _ => None,
+        };
         let rejections_total = reg.counters(names::REJECTIONS, "Requests turned away, by reason", &["reason"])?;
         for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
             rejections_total.with_label_values(&[reason]);
@@ -127,6 +160,7 @@ impl Metrics {
         )?;
         registry.register(Box::new(experiment_srm.clone()))?;
         let m = Metrics {
+            device,
             generation_errors,
             experiment_srm,
             store_errors,
@@ -189,6 +223,12 @@ impl Metrics {
     /// Copies the engine's counters into the registry and renders the text format.
     pub fn render(&self) -> prometheus::Result<String> {
         let s = self.stats.snapshot();
+        if let Some((d, [total, free, used])) = &self.device {
+            let m = d.memory();
+            total.set(m.total_bytes as i64);
+            free.set(m.free_bytes as i64);
+            used.set(m.used_bytes() as i64);
+        }
         self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
         self.kv_cells_used.set(s.kv_cells_used as i64);
         self.kv_cells_cached.set(s.kv_cells_cached as i64);

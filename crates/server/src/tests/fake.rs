@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abserve_engine::gguf::ModelShape;
-use abserve_engine::plan::{Budget, KvType, MemoryPlan, PlanRequest};
+use abserve_engine::device::{Device, FakeDevice};
+use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
 use abserve_engine::{
     ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request, StatsSnapshot, SubmitError, TokenLogprob,
 };
@@ -18,10 +19,13 @@ use crate::backend::Backend;
 /// What the fake answers: the bytes of this text, one token each.
 pub const ANSWER: &[u8] = b"hello world";
 pub const CONTEXT: u64 = 512;
+/// The device budget of a fake with a device.
+pub const DEVICE_BUDGET: u64 = 64 << 20;
 
 pub struct Fake {
     plan: MemoryPlan,
     ctl: Arc<Control>,
+    device: Option<Arc<FakeDevice>>,
 }
 
 /// What a test sets and reads while the server owns the fake.
@@ -38,7 +42,8 @@ pub struct Control {
 }
 
 impl Fake {
-    pub fn new(ctl: Arc<Control>) -> Fake {
+    /// With every layer offloaded to `device` (its memory then decides `/ready`).
+    pub fn with_device(ctl: Arc<Control>, device: Option<Arc<FakeDevice>>) -> Fake {
         let shape = ModelShape { n_layer: 2, n_head: 2, n_head_kv: 2, n_embd: 64, head_dim_k: 32, head_dim_v: 32, n_vocab: 256, n_ctx_train: 4096 };
         let plan = MemoryPlan::new(&PlanRequest {
             weights_bytes: 1 << 20,
@@ -54,14 +59,18 @@ impl Fake {
             flash_attention: false,
             kv_unified: false,
             prefix_store: Some(0),
+            offload: device.as_ref().map(|d| Offload { device: d.memory(), budget: Budget::Bytes(DEVICE_BUDGET), layers: 2, weights_bytes: 1 << 20 }),
         });
-        Fake { plan, ctl }
+        Fake { plan, ctl, device }
     }
 }
 
 impl Backend for Fake {
     fn plan(&self) -> &MemoryPlan {
         &self.plan
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        self.device.clone().map(|d| d as Arc<dyn Device>)
     }
     fn max_queue(&self) -> usize {
         8
