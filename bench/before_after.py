@@ -31,7 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-ABSERVE = ROOT / "target" / "release" / "abserve"
+# ABSERVE_BIN: another build (scripts/gpu-check.sh passes its CUDA or Vulkan build)
+ABSERVE = Path(os.environ.get("ABSERVE_BIN", ROOT / "target" / "release" / "abserve"))
+# PEER_GPU_LAYERS: layers llama.cpp's server offloads (its GPU build; 0 on a CPU)
+PEER_GPU_LAYERS = int(os.environ.get("PEER_GPU_LAYERS", "0"))
 TOPICS = ["shipping", "returns", "refunds", "e-books", "gift cards", "loyalty points", "damaged books", "pre-orders"]
 QUESTIONS = [f"Question {i}: tell me about {TOPICS[i % 8]} and what I should do next." for i in range(16)]
 
@@ -145,7 +148,7 @@ def start_peer(parallel, ctx_per_slot):
     code = f"""
 import sys, time, xllamacpp as x
 p = x.CommonParams(); p.model.path = {str(MODEL)!r}; p.n_parallel = {parallel}; p.n_ctx = {parallel * ctx_per_slot}
-p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2
+p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2; p.n_gpu_layers = {PEER_GPU_LAYERS}
 p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
 s = x.Server(p); print("ADDR", s.listening_address, flush=True)
 sys.stdin.read()

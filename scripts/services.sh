@@ -9,8 +9,10 @@ sudo=""
 [ "$(id -u)" -ne 0 ] && sudo=sudo
 
 answers() { (echo > "/dev/tcp/127.0.0.1/$1") >/dev/null 2>&1; }
+# run as the postgres user (initdb refuses root)
+as_postgres() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
 
-install() {
+apt_install() {
   echo "services: installing $*" >&2
   $sudo apt-get update -qq
   # the packages' own service start is not wanted (and fails without an init system)
@@ -24,15 +26,15 @@ postgres() {
   if answers 5432; then
     echo "services: PostgreSQL answers on 127.0.0.1:5432"
   else
-    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || install postgresql
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_install postgresql
     bin=$(dirname "$(ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
     data=$base/postgres
     $sudo mkdir -p "$base" && $sudo chmod 1777 "$base"
     if [ ! -f "$data/PG_VERSION" ]; then
       $sudo rm -rf "$data" && $sudo install -d -o postgres -g postgres "$data"
-      $sudo -u postgres "$bin/initdb" -D "$data" -A trust -U postgres >/dev/null
+      as_postgres "$bin/initdb" -D "$data" -A trust -U postgres >/dev/null
     fi
-    $sudo -u postgres "$bin/pg_ctl" -D "$data" -l "$base/postgres.log" -w \
+    as_postgres "$bin/pg_ctl" -D "$data" -l "$base/postgres.log" -w \
       -o "-c listen_addresses=127.0.0.1 -c port=5432 -k $data" start >/dev/null
     echo "services: started a private PostgreSQL on 127.0.0.1:5432 (data $data)"
   fi
@@ -46,12 +48,18 @@ rabbitmq() {
     echo "services: RabbitMQ answers on 127.0.0.1:5672"
     return
   fi
-  command -v rabbitmq-server >/dev/null 2>&1 || install rabbitmq-server
-  $sudo mkdir -p "$base/rabbitmq" && $sudo chmod 1777 "$base"
+  command -v rabbitmq-server >/dev/null 2>&1 || apt_install rabbitmq-server
+  $sudo mkdir -p "$base" && $sudo chmod 1777 "$base"
+  # Debian's rabbitmq-server runs as the rabbitmq user: it owns its data
+  if id rabbitmq >/dev/null 2>&1; then
+    $sudo install -d -o rabbitmq -g rabbitmq "$base/rabbitmq"
+  else
+    mkdir -p "$base/rabbitmq"
+  fi
   # the node name of rabbitmq-env.conf (or the default), so that a plain `rabbitmqctl` reaches it
   $sudo env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 \
     RABBITMQ_MNESIA_BASE="$base/rabbitmq/mnesia" RABBITMQ_LOG_BASE="$base/rabbitmq/log" \
-    rabbitmq-server -detached
+    sh -c 'cd /tmp && exec rabbitmq-server -detached'
   for _ in $(seq 1 60); do
     answers 5672 && break
     sleep 1

@@ -35,8 +35,11 @@ fn pct(xs: Vec<f64>, scale: f64) -> Percentiles {
     Percentiles { n: xs.len(), p50: q[0] * scale, p95: q[1] * scale, p99: q[2] * scale, max: q[3] * scale }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Memory {
+    /// With layers offloaded: the most device memory abserve used, and its device budget.
+    pub peak_device_bytes: Option<f64>,
+    pub device_budget_bytes: Option<f64>,
     pub peak_rss_bytes: f64,
     /// The server's own high-water mark (VmHWM), which sampling cannot miss.
     pub peak_rss_server_bytes: Option<f64>,
@@ -49,6 +52,15 @@ pub struct Memory {
     pub planned_bytes: Option<f64>,
     pub budget_bytes: Option<f64>,
     pub samples: Vec<Sample>,
+}
+
+impl Memory {
+    /// The device side of the no-OOM verdict: abserve's peak use of the device above its device
+    /// budget (only when the target offloads layers).
+    pub fn device_over_budget(&self) -> Option<String> {
+        let (peak, budget) = (self.peak_device_bytes?, self.device_budget_bytes?);
+        (peak > budget).then(|| format!("device memory used by abserve peaked at {peak:.0} B, above its device budget {budget:.0} B"))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -120,6 +132,8 @@ impl Report {
         let memory = after.as_ref().map(|a| {
             let last = samples.last().copied().unwrap_or_default();
             Memory {
+                peak_device_bytes: samples.iter().filter_map(|s| s.device_in_use_bytes).reduce(f64::max),
+                device_budget_bytes: a.has_prefix(names::DEVICE_MEMORY_BUDGET).then(|| a.sum(names::DEVICE_MEMORY_BUDGET)),
                 peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
                 peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
                 final_rss_bytes: last.rss_bytes,
@@ -176,6 +190,9 @@ impl Report {
                 self.failures.push(format!("{n} {what}{ex}"));
             }
         }
+        if let Some(over) = self.memory.as_ref().and_then(Memory::device_over_budget) {
+            self.failures.push(over);
+        }
         if let Some(limit) = max_memory {
             match &self.memory {
                 Some(m) => {
@@ -223,10 +240,29 @@ impl Report {
                 "KV cells".into(),
                 format!("peak {:.0}, final {:.0} of {}", m.peak_kv_cells, m.final_kv_cells, m.kv_cells_total.map(|k| format!("{k:.0}")).unwrap_or("?".into())),
             ]);
+            if let (Some(peak), Some(budget)) = (m.peak_device_bytes, m.device_budget_bytes) {
+                t.add_row(vec!["device memory".into(), format!("peak used by abserve {}, device budget {}", mb(peak), mb(budget))]);
+            }
         }
         if let Some(s) = &self.server {
             t.add_row(vec!["server counted".into(), s.iter().filter(|(_, v)| **v != 0.0).map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", ")]);
         }
         t.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Memory;
+
+    #[test]
+    fn device_memory_above_the_device_budget_fails_the_no_oom_check() {
+        let mut m = Memory { device_budget_bytes: Some(1000.0), peak_device_bytes: Some(1000.0), ..Default::default() };
+        assert_eq!(m.device_over_budget(), None, "at the budget is within it");
+        m.peak_device_bytes = Some(1001.0);
+        let msg = m.device_over_budget().unwrap();
+        assert!(msg.contains("1001") && msg.contains("1000"), "{msg}");
+        // a CPU target has no device figures: nothing to judge
+        assert_eq!(Memory { peak_device_bytes: Some(5.0), ..Default::default() }.device_over_budget(), None);
     }
 }

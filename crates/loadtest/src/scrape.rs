@@ -15,6 +15,9 @@ pub struct Sample {
     pub kv_cells_used: f64,
     pub running: f64,
     pub waiting: f64,
+    /// With layers offloaded: device memory abserve uses (in use now, less what was in use
+    /// before it started).
+    pub device_in_use_bytes: Option<f64>,
 }
 
 pub struct Scraper {
@@ -39,6 +42,9 @@ impl Scraper {
             kv_cells_used: m.or_zero(names::KV_CELLS_USED),
             running: m.or_zero(names::REQUESTS_RUNNING),
             waiting: m.or_zero(names::REQUESTS_WAITING),
+            device_in_use_bytes: m
+                .has_prefix(names::DEVICE_MEMORY_USED)
+                .then(|| m.sum(names::DEVICE_MEMORY_USED) - m.sum(names::DEVICE_MEMORY_USED_BEFORE)),
         }
     }
 
