@@ -80,7 +80,7 @@ fn parse_mib(line: &str) -> u64 {
     // "...buffer size =   123.45 MiB"
     line.rsplit('=')
         .next()
-        .and_then(|r| r.trim().split_whitespace().next())
+        .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse::<f64>().ok())
         .map(|mib| (mib * 1024.0 * 1024.0) as u64)
         .unwrap_or(0)

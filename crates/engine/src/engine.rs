@@ -186,6 +186,31 @@ impl EngineConfig {
     }
 }
 
+/// What llama.cpp allocated, beside the plan: resident memory after loading and after the
+/// context, its buffers, and the device buffers against the device part of the plan.
+fn log_measured(plan: &MemoryPlan, m: &MeasuredMemory) {
+    tracing::info!(
+        "memory measured: weights rss +{}, context rss +{}; llama.cpp buffers: kv {} (planned {}), compute+output {} (planned {})",
+        human_bytes(m.rss_after_load.saturating_sub(m.rss_before_load)),
+        human_bytes(m.rss_after_context.saturating_sub(m.rss_after_load)),
+        human_bytes(m.llama.kv),
+        human_bytes(plan.kv_bytes),
+        human_bytes(m.llama.compute + m.llama.output),
+        human_bytes(plan.compute_bytes),
+    );
+    if let Some(d) = &plan.device {
+        // what llama.cpp put in device buffers, against the device part of the plan
+        if m.llama.device > d.planned_bytes {
+            tracing::warn!(
+                "device {}: llama.cpp allocated {} in device buffers, above the {} planned: the plan under-estimated",
+                d.name, human_bytes(m.llama.device), human_bytes(d.planned_bytes)
+            );
+        } else {
+            tracing::info!("device {}: llama.cpp allocated {} in device buffers (planned {})", d.name, human_bytes(m.llama.device), human_bytes(d.planned_bytes));
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -346,26 +371,7 @@ impl Engine {
             .recv()
             .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
         let measured = MeasuredMemory { rss_before_load, rss_after_load, rss_after_context, llama };
-        tracing::info!(
-            "memory measured: weights rss +{}, context rss +{}; llama.cpp buffers: kv {} (planned {}), compute+output {} (planned {})",
-            human_bytes(rss_after_load.saturating_sub(rss_before_load)),
-            human_bytes(rss_after_context.saturating_sub(rss_after_load)),
-            human_bytes(llama.kv),
-            human_bytes(plan.kv_bytes),
-            human_bytes(llama.compute + llama.output),
-            human_bytes(plan.compute_bytes),
-        );
-        if let Some(d) = &plan.device {
-            // what llama.cpp put in device buffers, against the device part of the plan
-            if llama.device > d.planned_bytes {
-                tracing::warn!(
-                    "device {}: llama.cpp allocated {} in device buffers, above the {} planned: the plan under-estimated",
-                    d.name, human_bytes(llama.device), human_bytes(d.planned_bytes)
-                );
-            } else {
-                tracing::info!("device {}: llama.cpp allocated {} in device buffers (planned {})", d.name, human_bytes(llama.device), human_bytes(d.planned_bytes));
-            }
-        }
+        log_measured(&plan, &measured);
         Ok(Engine {
             max_queue: cfg.max_queue.resolve(plan.seq_slots as usize),
             tx,

@@ -78,7 +78,10 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
 }
 
 /// Tokens and, per token, the top alternatives (id, logprob).
-fn collect_with_logprobs(rx: tokio::sync::mpsc::UnboundedReceiver<abserve_engine::Event>) -> (Vec<i32>, Vec<(i32, Vec<(i32, f32)>)>) {
+/// A token with its top alternatives (id, logprob).
+type Logprobs = Vec<(i32, Vec<(i32, f32)>)>;
+
+fn collect_with_logprobs(rx: tokio::sync::mpsc::UnboundedReceiver<abserve_engine::Event>) -> (Vec<i32>, Logprobs) {
     let o = abserve_engine::collect_blocking(rx).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(o.logprobs.len(), o.tokens.len(), "logprobs requested");
     let lps = o.tokens.iter().zip(o.logprobs).map(|(&t, l)| (t, l.top)).collect();

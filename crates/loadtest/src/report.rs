@@ -55,6 +55,28 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// The memory figures of a run: from the samples taken during it and the target's metrics
+    /// after it.
+    fn from_run(a: &Samples, samples: Vec<Sample>) -> Memory {
+        let last = samples.last().copied().unwrap_or_default();
+        Memory {
+            peak_device_bytes: samples.iter().filter_map(|s| s.device_in_use_bytes).reduce(f64::max),
+            device_budget_bytes: a.has_prefix(names::DEVICE_MEMORY_BUDGET).then(|| a.sum(names::DEVICE_MEMORY_BUDGET)),
+            peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
+            peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
+            final_rss_bytes: last.rss_bytes,
+            peak_kv_cells: samples.iter().map(|s| s.kv_cells_used).fold(0.0, f64::max),
+            final_kv_cells: last.kv_cells_used,
+            final_running: last.running,
+            final_waiting: last.waiting,
+            kv_cells_total: a.get(names::KV_CELLS_TOTAL),
+            // every component: weights, KV, compute buffers and the prefix store
+            planned_bytes: Some(a.sum(names::MEMORY_PLANNED)).filter(|b| *b > 0.0),
+            budget_bytes: a.get(names::MEMORY_BUDGET),
+            samples,
+        }
+    }
+
     /// The device side of the no-OOM verdict: abserve's peak use of the device above its device
     /// budget (only when the target offloads layers).
     pub fn device_over_budget(&self) -> Option<String> {
@@ -129,25 +151,7 @@ impl Report {
             }
             _ => None,
         };
-        let memory = after.as_ref().map(|a| {
-            let last = samples.last().copied().unwrap_or_default();
-            Memory {
-                peak_device_bytes: samples.iter().filter_map(|s| s.device_in_use_bytes).reduce(f64::max),
-                device_budget_bytes: a.has_prefix(names::DEVICE_MEMORY_BUDGET).then(|| a.sum(names::DEVICE_MEMORY_BUDGET)),
-                peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
-                peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
-                final_rss_bytes: last.rss_bytes,
-                peak_kv_cells: samples.iter().map(|s| s.kv_cells_used).fold(0.0, f64::max),
-                final_kv_cells: last.kv_cells_used,
-                final_running: last.running,
-                final_waiting: last.waiting,
-                kv_cells_total: a.get(names::KV_CELLS_TOTAL),
-                // every component: weights, KV, compute buffers and the prefix store
-                planned_bytes: Some(a.sum(names::MEMORY_PLANNED)).filter(|b| *b > 0.0),
-                budget_bytes: a.get(names::MEMORY_BUDGET),
-                samples,
-            }
-        });
+        let memory = after.as_ref().map(|a| Memory::from_run(a, samples));
         Report {
             target: f.target,
             mode: f.mode,

@@ -151,7 +151,7 @@ impl Client {
     /// Streamed: content is timed chunk by chunk. Whole: the time to first token is the latency.
     pub async fn chat(&self, mut body: ChatRequest, stream: bool) -> Result<ChatOutcome, ClientError> {
         body.common.stream = stream;
-        body.common.stream_options = stream.then(|| StreamOptions { include_usage: true });
+        body.common.stream_options = stream.then_some(StreamOptions { include_usage: true });
         let url = format!("{}/v1/chat/completions", self.base);
         let sent = Instant::now();
         let r = self.post("/v1/chat/completions").json(&body).send().await.map_err(|e| transport(&url, e))?;

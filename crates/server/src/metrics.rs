@@ -79,6 +79,14 @@ impl Reg<'_> {
     fn counters(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
         self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
     }
+    /// A counter by one label that starts at 0 for every known value (so rates exist at once).
+    fn known(&self, name: &str, help: &str, label: &str, values: &[&str]) -> prometheus::Result<IntCounterVec> {
+        let c = self.counters(name, help, &[label])?;
+        for v in values {
+            c.with_label_values(&[*v]);
+        }
+        Ok(c)
+    }
 }
 
 /// The plan's figures, constant for the life of the process.
@@ -142,18 +150,9 @@ impl Metrics {
             (Some(d), Some(p)) => Some((d, register_device(&reg, p)?)),
             _ => None,
         };
-        let rejections_total = reg.counters(names::REJECTIONS, "Requests turned away, by reason", &["reason"])?;
-        for reason in ["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"] {
-            rejections_total.with_label_values(&[reason]);
-        }
-        let store_errors = reg.counters(names::STORE_ERRORS, "Experiment-store writes that failed (disk full, unwritable, busy), by operation", &["operation"])?;
-        for op in ["exposure", "events", "experiment"] {
-            store_errors.with_label_values(&[op]);
-        }
-        let generation_errors = reg.counters(names::GENERATION_ERRORS, "Generations that ended in an error after admission, by kind", &["kind"])?;
-        for kind in ["out_of_memory", "no_slot", "decode", "shutting_down", "engine_stopped"] {
-            generation_errors.with_label_values(&[kind]);
-        }
+        let rejections_total = reg.known(names::REJECTIONS, "Requests turned away, by reason", "reason", &["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"])?;
+        let store_errors = reg.known(names::STORE_ERRORS, "Experiment-store writes that failed (disk full, unwritable, busy), by operation", "operation", &["exposure", "events", "experiment"])?;
+        let generation_errors = reg.known(names::GENERATION_ERRORS, "Generations that ended in an error after admission, by kind", "kind", &["out_of_memory", "no_slot", "decode", "shutting_down", "engine_stopped"])?;
         let experiment_srm = GaugeVec::new(
             prometheus::Opts::new(names::EXPERIMENT_SRM_P_VALUE, "p-value of each experiment's sample-ratio-mismatch test (chi-squared; below 0.001 is a mismatch)"),
             &["experiment"],

@@ -132,7 +132,7 @@ fn next_token(history: &[i32], eog: bool) -> i32 {
     for &t in history {
         h = (h ^ t as u64).wrapping_mul(1099511628211);
     }
-    if eog && h % 17 == 0 {
+    if eog && h.is_multiple_of(17) {
         EOG
     } else {
         2 + (h % (VOCAB as u64 - 2)) as i32
