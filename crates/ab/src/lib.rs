@@ -25,5 +25,5 @@ pub use experiment::{
 };
 pub use paired::{binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT, SignTest};
 pub use stats::{from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary};
-pub use store::{Backend, Exposure, Location, MetricResult, OutcomeEvent, Results, Store, StoreCondition, StoreError, VariantResult, CHANNEL};
+pub use store::{url_without_password, Backend, Exposure, Location, MetricResult, OutcomeEvent, Results, Store, StoreCondition, StoreError, VariantResult, CHANNEL};
 pub use variant::{Message, Sampling, VariantError};

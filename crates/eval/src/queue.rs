@@ -131,8 +131,5 @@ pub fn amqp(what: &'static str) -> impl Fn(lapin::Error) -> EvalError {
 
 /// The url without its password.
 pub fn without_password(url: &str) -> String {
-    match url.split_once("://").and_then(|(s, rest)| rest.split_once('@').map(|(auth, host)| (s, auth, host))) {
-        Some((scheme, auth, host)) => format!("{scheme}://{}@{host}", auth.split(':').next().unwrap_or("")),
-        None => url.to_string(),
-    }
+    abserve_ab::url_without_password(url).unwrap_or_else(|| url.to_string())
 }

@@ -127,7 +127,9 @@ impl Location {
     }
 }
 
-fn url_without_password(u: &str) -> Option<String> {
+/// A service URL (`postgres://user:pass@host/db`, `amqp://…`) without its password, for logs and
+/// messages; `None` when it has no scheme.
+pub fn url_without_password(u: &str) -> Option<String> {
     let (scheme, rest) = u.split_once("://")?;
     Some(match rest.split_once('@') {
         Some((auth, host)) => {

@@ -199,3 +199,13 @@ async fn postgres_announces_experiment_changes() {
     assert!(Fresh::sqlite("watch").store().await.watch(|| ()).await.unwrap().is_none(), "SQLite has nothing to watch");
     f.drop().await;
 }
+
+#[test]
+fn urls_lose_their_password_in_logs() {
+    assert_eq!(url_without_password("postgres://u:secret@h:5432/db").unwrap(), "postgres://u@h:5432/db");
+    assert_eq!(url_without_password("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(), "amqp://guest@127.0.0.1:5672/%2f");
+    assert_eq!(url_without_password("postgres://h/db").unwrap(), "postgres://h/db");
+    assert_eq!("postgres://u:pw@h/db".parse::<Location>().unwrap().describe(), "postgres://u@h/db");
+    assert_eq!("/var/data".parse::<Location>().unwrap(), Location::Sqlite("/var/data/abserve.db".into()));
+    assert!("mysql://h/db".parse::<Location>().is_err());
+}

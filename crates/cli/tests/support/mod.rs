@@ -72,16 +72,21 @@ pub fn kill9(s: &mut Server) {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        Server::spawn(extra, Some(Turn::take()))
+        Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, Some(Turn::take()))
+    }
+
+    /// A server of another build of abserve (the Vulkan build's tests).
+    pub fn start_bin(bin: &str, extra: &[&str]) -> Server {
+        Server::spawn(bin, extra, Some(Turn::take()))
     }
 
     /// Several servers running at once (replicas of one store), sharing one turn.
     pub fn start_replicas(extras: &[&[&str]]) -> Vec<Server> {
         let mut turn = Some(Turn::take());
-        extras.iter().map(|extra| Server::spawn(extra, turn.take())).collect()
+        extras.iter().map(|extra| Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, turn.take())).collect()
     }
 
-    fn spawn(extra: &[&str], turn: Option<Turn>) -> Server {
+    fn spawn(bin: &str, extra: &[&str], turn: Option<Turn>) -> Server {
         let defaults = [
             ("--model", model().display().to_string()),
             ("--model-id", MODEL_ID.to_string()),
@@ -122,7 +127,7 @@ impl Server {
             args.push(extra[i].to_string());
             i += 1;
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
+        let mut child = Command::new(bin)
             .args(&args)
             .env("ABSERVE_LOG", "info")
             .stdout(Stdio::piped())

@@ -1,0 +1,107 @@
+//! The Vulkan build on Mesa's software device (lavapipe/llvmpipe): built and run by
+//! `scripts/test-vulkan.sh` (`cargo test --features vulkan --test vulkan` in target/vulkan); the
+//! CPU suite does not compile it (required-features). Every layer is offloaded to the Vulkan
+//! device: it is listed, greedy answers agree with the CPU build's, the device plan is at least
+//! what llama.cpp allocated on the device, concurrent variants under a small --device-memory
+//! finish without out-of-memory errors, and /ready and /metrics show the device.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+use support::{model, Server};
+
+fn vulkan_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_abserve")
+}
+
+/// The CPU build, for the reference answers.
+fn cpu_bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/abserve");
+    assert!(p.exists(), "the CPU build is missing at {} (cargo build --release)", p.display());
+    p
+}
+
+fn run(bin: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(bin).args(args).output().unwrap();
+    assert!(out.status.success(), "{} {args:?}: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn vulkan_device() -> String {
+    let v: Value = serde_json::from_str(&run(vulkan_bin().as_ref(), &["devices", "--json"])).unwrap();
+    let d = v.as_array().unwrap().iter().find(|d| d["backend"] == "Vulkan").unwrap_or_else(|| panic!("no Vulkan device listed: {v}"));
+    assert!(d["total_bytes"].as_u64().unwrap() > 0, "{d}");
+    d["name"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_vulkan_device_is_listed() {
+    let name = vulkan_device();
+    assert!(name.starts_with("Vulkan"), "{name}");
+}
+
+/// Greedy answers with every layer on the device, against the CPU build's, on the reference
+/// prompts: the count of equal answers is printed; at least 3 of 4 must agree (floating-point
+/// order differs between backends, so a late token may flip; the first tokens must match).
+#[test]
+fn greedy_answers_agree_with_the_cpu_build() {
+    let m = model().display().to_string();
+    let prompts = ["The capital of France is", "Once upon a time", "The three primary colors are", "Water boils at"];
+    let mut args = vec!["generate", "--model", &m, "--context", "512", "--max-tokens", "16", "--json", "--threads", "2"];
+    for p in &prompts {
+        args.extend(["--prompt", p]);
+    }
+    let answers = |bin: &std::path::Path, extra: &[&str]| -> Vec<String> {
+        let a: Vec<&str> = args.iter().copied().chain(extra.iter().copied()).collect();
+        run(bin, &a).lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["text"].as_str().map(String::from)).collect()
+    };
+    let cpu = answers(&cpu_bin(), &[]);
+    let gpu = answers(vulkan_bin().as_ref(), &["--gpu-layers", "all"]);
+    assert_eq!((cpu.len(), gpu.len()), (4, 4));
+    let equal = cpu.iter().zip(&gpu).filter(|(a, b)| a == b).count();
+    eprintln!("greedy agreement, Vulkan (all layers) vs CPU: {equal} of 4");
+    for (a, b) in cpu.iter().zip(&gpu) {
+        eprintln!("  cpu: {a:?}\n  vk:  {b:?}");
+        let first = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        assert_eq!(first(a), first(b), "the first words differ");
+    }
+    assert!(equal >= 3, "only {equal} of 4 greedy answers agree");
+}
+
+/// A server with every layer on the device and a small device budget: the plan covers what
+/// llama.cpp allocated in device buffers, 4 variants × 8 prompts at once finish without
+/// out-of-memory errors, and /ready and /metrics report the device.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_on_the_device_stays_within_its_device_plan() {
+    let device = vulkan_device();
+    let mut s = Server::start_bin(vulkan_bin(), &["--gpu-layers", "all", "--device", &device, "--device-memory", "512MiB", "--context", "512"]);
+    let log = s.log.lock().unwrap().clone();
+    let line = log.lines().find(|l| l.contains("in device buffers")).unwrap_or_else(|| panic!("no device comparison in the log: {log}"));
+    assert!(!line.contains("under-estimated"), "{line}");
+    let ready: Value = reqwest::get(s.url("/ready")).await.unwrap().json().await.unwrap();
+    assert_eq!(ready["device"]["name"], device.as_str(), "{ready}");
+    assert_eq!(ready["device"]["budget_bytes"].as_u64(), Some(512 << 20));
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(vulkan_bin())
+            .args(["loadtest", "--url", &base, "--variants", "4", "--concurrency", "4", "--requests", "32"])
+            .args(["--prompt-tokens", "48", "--max-tokens", "24", "--assert-no-oom", "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "loadtest: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["by_class"]["ok"], 32, "{}", r["by_class"]);
+    let metrics = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    let m = abserve_protocol::parse_prometheus(&metrics);
+    let series = |n: &str| m.get(&format!("{n}{{device=\"{device}\"}}")).unwrap_or_else(|| panic!("{n} missing"));
+    assert_eq!(series("abserve_device_memory_budget_bytes"), (512u64 << 20) as f64);
+    assert!(series("abserve_device_memory_total_bytes") > 0.0);
+    eprintln!("{line}");
+    s.terminate();
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The Vulkan test set on Mesa's software Vulkan device (lavapipe): builds the vulkan feature in
+# its own target directory (scripts/vulkan-build.sh) and runs crates/cli/tests/vulkan.rs there.
+# Needs the CPU build too (target/release/abserve), for the reference answers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/vulkan-build.sh
+sdk=$PWD/target/vulkan-sdk
+export VULKAN_SDK=$sdk/usr CPATH=$sdk/usr/include${CPATH:+:$CPATH}
+[ -x target/release/abserve ] || cargo build --release --bin abserve
+CARGO_TARGET_DIR=target/vulkan cargo test --release --features vulkan -p abserve --test vulkan -- --test-threads 1 --nocapture
