@@ -39,8 +39,8 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let engine = Engine::start(a.model.engine_config()?)?;
     let plan = engine.plan().clone();
     eprintln!(
-        "worker: model loaded; {} sequence slots, planned {} bytes (budget {} bytes)",
-        plan.seq_slots, plan.planned_bytes, plan.budget_bytes
+        "worker: model loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
+        plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
     );
     let target = Arc::new(Target::Engine(Arc::new(engine)));
     let tally = Arc::new(Tally::default());
