@@ -8,4 +8,6 @@ bash scripts/vulkan-build.sh
 sdk=$PWD/target/vulkan-sdk
 export VULKAN_SDK=$sdk/usr CPATH=$sdk/usr/include${CPATH:+:$CPATH}
 [ -x target/release/abserve ] || cargo build --release --bin abserve
+# lavapipe is a Vulkan device of type CPU, which ggml leaves out unless it is named here
+export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
 CARGO_TARGET_DIR=target/vulkan cargo test --release --features vulkan -p abserve --test vulkan -- --test-threads 1 --nocapture

@@ -19,4 +19,6 @@ cargo build --release --bin abserve || exit 1
 status=0
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
 .venv/bin/python -m pytest -q tests/python 2>&1 || status=1
+# the Vulkan build on Mesa's software device (lavapipe), in its own target directory
+bash scripts/test-vulkan.sh 2>&1 || status=1
 exit $status
