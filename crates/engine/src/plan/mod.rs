@@ -227,6 +227,11 @@ pub struct MemoryPlan {
     pub shape: ModelShape,
 }
 
+/// The margin as a whole percentage of the budget, for error messages.
+fn margin_pct(margin: u64, budget: u64) -> f64 {
+    if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 }
+}
+
 /// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
 /// micro-batch, dominated by the logits rows (n_batch × n_vocab f32) and the per-layer
 /// activations; the attention scores (without flash attention a full n_batch × kv_cells × n_head
@@ -339,7 +344,6 @@ impl MemoryPlan {
         if self.fits {
             return Ok(());
         }
-        let pct = |margin: u64, budget: u64| if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 };
         if let Some(d) = &self.device {
             let per_token = self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1);
             let min_kv = self.context * per_token;
@@ -361,14 +365,13 @@ impl MemoryPlan {
                 usable: d.usable_bytes,
                 budget: d.budget_bytes,
                 margin: d.margin_bytes,
-                margin_pct: pct(d.margin_bytes, d.budget_bytes),
+                margin_pct: margin_pct(d.margin_bytes, d.budget_bytes),
             });
         }
         Err(self.host_does_not_fit())
     }
 
     fn host_does_not_fit(&self) -> DoesNotFit {
-        let pct = |margin: u64, budget: u64| if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 };
         // with layers offloaded, the host holds the other layers' weights and KV
         let (weights, per_token, compute) = match &self.device {
             Some(d) => (
@@ -390,7 +393,7 @@ impl MemoryPlan {
             usable: self.usable_bytes,
             budget: self.budget_bytes,
             margin: self.margin_bytes,
-            margin_pct: pct(self.margin_bytes, self.budget_bytes),
+            margin_pct: margin_pct(self.margin_bytes, self.budget_bytes),
         }
     }
 
