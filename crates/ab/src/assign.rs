@@ -31,7 +31,11 @@ pub fn hash(seed: &str, value: &str, version: u8) -> Option<f64> {
 
 /// GrowthBook's `getBucketRanges(numVariations, coverage, weights)`.
 pub fn bucket_ranges(n: usize, coverage: f64, weights: Option<&[f64]>) -> Vec<(f64, f64)> {
-    let coverage = if coverage.is_nan() { 1.0 } else { coverage.clamp(0.0, 1.0) };
+    let coverage = if coverage.is_nan() {
+        1.0
+    } else {
+        coverage.clamp(0.0, 1.0)
+    };
     let equal = vec![1.0 / n as f64; n];
     let mut w: Vec<f64> = weights.map(|w| w.to_vec()).unwrap_or_else(|| equal.clone());
     if w.len() != n {
@@ -58,7 +62,14 @@ pub fn choose_variation(n: f64, ranges: &[(f64, f64)]) -> Option<usize> {
 
 /// Assigns `unit` in an experiment: `Some(index)` of the variant, or `None` when the unit falls
 /// outside coverage (it gets the control and no exposure is recorded).
-pub fn assign(seed: &str, unit: &str, n: usize, coverage: f64, weights: &[f64], version: u8) -> Option<usize> {
+pub fn assign(
+    seed: &str,
+    unit: &str,
+    n: usize,
+    coverage: f64,
+    weights: &[f64],
+    version: u8,
+) -> Option<usize> {
     let h = hash(seed, unit, version)?;
     choose_variation(h, &bucket_ranges(n, coverage, Some(weights)))
 }
@@ -101,7 +112,10 @@ mod tests {
         }
         assert_eq!(fnv1a32("🙂"), h);
         // "é" is one code unit 0xE9 (not its two UTF-8 bytes)
-        assert_eq!(fnv1a32("é"), (0x811c9dc5u32 ^ 0xE9).wrapping_mul(0x01000193));
+        assert_eq!(
+            fnv1a32("é"),
+            (0x811c9dc5u32 ^ 0xE9).wrapping_mul(0x01000193)
+        );
     }
 
     #[test]
@@ -110,15 +124,27 @@ mod tests {
         let r = bucket_ranges(3, 0.5, Some(&[0.2, 0.3, 0.5]));
         let want = [(0.0, 0.1), (0.2, 0.35), (0.5, 0.75)];
         for (a, b) in r.iter().zip(want) {
-            assert!((a.0 - b.0).abs() < 1e-12 && (a.1 - b.1).abs() < 1e-12, "{r:?}");
+            assert!(
+                (a.0 - b.0).abs() < 1e-12 && (a.1 - b.1).abs() < 1e-12,
+                "{r:?}"
+            );
         }
         // weights that do not sum to 1, or of the wrong count, fall back to equal
-        assert_eq!(bucket_ranges(2, 1.0, Some(&[0.9, 0.9])), vec![(0.0, 0.5), (0.5, 1.0)]);
-        assert_eq!(bucket_ranges(2, 1.0, Some(&[1.0])), vec![(0.0, 0.5), (0.5, 1.0)]);
+        assert_eq!(
+            bucket_ranges(2, 1.0, Some(&[0.9, 0.9])),
+            vec![(0.0, 0.5), (0.5, 1.0)]
+        );
+        assert_eq!(
+            bucket_ranges(2, 1.0, Some(&[1.0])),
+            vec![(0.0, 0.5), (0.5, 1.0)]
+        );
         // coverage clamped
         assert_eq!(bucket_ranges(2, 7.0, None), vec![(0.0, 0.5), (0.5, 1.0)]);
         assert_eq!(bucket_ranges(2, -1.0, None), vec![(0.0, 0.0), (0.5, 0.5)]);
-        assert_eq!(choose_variation(0.55, &bucket_ranges(2, 1.0, None)), Some(1));
+        assert_eq!(
+            choose_variation(0.55, &bucket_ranges(2, 1.0, None)),
+            Some(1)
+        );
         assert_eq!(choose_variation(0.3, &bucket_ranges(2, 0.5, None)), None);
     }
 
@@ -127,7 +153,8 @@ mod tests {
         let w = [0.2, 0.3, 0.5];
         let mut counts = [0usize; 3];
         for i in 0..100_000 {
-            let v = assign("exp-weights", &format!("unit-{i}"), 3, 1.0, &w, 2).expect("full coverage");
+            let v =
+                assign("exp-weights", &format!("unit-{i}"), 3, 1.0, &w, 2).expect("full coverage");
             counts[v] += 1;
         }
         for (c, wi) in counts.iter().zip(w) {
@@ -147,6 +174,9 @@ mod tests {
         let share = inside as f64 / 20_000.0;
         assert!((share - 0.4).abs() < 0.02, "{share}");
         // sticky: same unit, same answer
-        assert_eq!(assign("s", "u", 2, 1.0, &[0.5, 0.5], 2), assign("s", "u", 2, 1.0, &[0.5, 0.5], 2));
+        assert_eq!(
+            assign("s", "u", 2, 1.0, &[0.5, 0.5], 2),
+            assign("s", "u", 2, 1.0, &[0.5, 0.5], 2)
+        );
     }
 }

@@ -100,14 +100,22 @@ impl Experiment {
 
     pub fn weights(&self) -> Vec<f64> {
         let total: f64 = self.variants.iter().map(|v| v.weight).sum();
-        self.variants.iter().map(|v| if total > 0.0 { v.weight / total } else { 0.0 }).collect()
+        self.variants
+            .iter()
+            .map(|v| if total > 0.0 { v.weight / total } else { 0.0 })
+            .collect()
     }
 
     /// Validates the definition for the server, where a template sees only `{{ input }}`.
     pub fn validate(&self) -> Result<(), Invalid> {
         self.validate_shape()?;
         for v in &self.variants {
-            render(&v.template, "test input").map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
+            render(&v.template, "test input").map_err(|e| {
+                Invalid(format!(
+                    "experiment '{}': variant '{}': {e}",
+                    self.name, v.id
+                ))
+            })?;
         }
         Ok(())
     }
@@ -117,7 +125,10 @@ impl Experiment {
     pub fn validate_shape(&self) -> Result<(), Invalid> {
         let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
         if self.name.is_empty()
-            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             || self.name.len() > 64
         {
             return Err(Invalid(format!(
@@ -126,7 +137,10 @@ impl Experiment {
             )));
         }
         if self.variants.len() < 2 {
-            return bad(format!("needs at least two variants, has {}", self.variants.len()));
+            return bad(format!(
+                "needs at least two variants, has {}",
+                self.variants.len()
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for v in &self.variants {
@@ -137,9 +151,17 @@ impl Experiment {
                 return bad(format!("duplicate variant id '{}'", v.id));
             }
             if !(v.weight.is_finite() && v.weight >= 0.0) {
-                return bad(format!("variant '{}' has weight {}; weights must be ≥ 0", v.id, v.weight));
+                return bad(format!(
+                    "variant '{}' has weight {}; weights must be ≥ 0",
+                    v.id, v.weight
+                ));
             }
-            template_fields(&v.template).map_err(|e| Invalid(format!("experiment '{}': variant '{}': {e}", self.name, v.id)))?;
+            template_fields(&v.template).map_err(|e| {
+                Invalid(format!(
+                    "experiment '{}': variant '{}': {e}",
+                    self.name, v.id
+                ))
+            })?;
         }
         if self.variants.iter().map(|v| v.weight).sum::<f64>() <= 0.0 {
             return bad("the weights sum to zero".into());
@@ -150,7 +172,10 @@ impl Experiment {
             }
         }
         if !(self.coverage.is_finite() && (0.0..=1.0).contains(&self.coverage)) {
-            return bad(format!("coverage {} must be between 0 and 1", self.coverage));
+            return bad(format!(
+                "coverage {} must be between 0 and 1",
+                self.coverage
+            ));
         }
         if let Some(s) = self.max_kv_share {
             if !(s > 0.0 && s <= 1.0) {
@@ -192,11 +217,16 @@ fn render_bounded(template: &str, ctx: minijinja::Value) -> Result<String, Strin
     let mut env = Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.set_fuel(Some(TEMPLATE_FUEL));
-    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
+    env.add_template("t", template)
+        .map_err(|e| format!("template does not compile: {e}"))?;
     let mut out = Capped(Vec::new(), false);
-    let r = env.get_template("t").and_then(|t| t.render_captured_to(ctx, &mut out).map(|_| ()));
+    let r = env
+        .get_template("t")
+        .and_then(|t| t.render_captured_to(ctx, &mut out).map(|_| ()));
     if out.1 {
-        return Err(format!("template does not render: the rendered text is larger than {MAX_RENDERED_BYTES} bytes"));
+        return Err(format!(
+            "template does not render: the rendered text is larger than {MAX_RENDERED_BYTES} bytes"
+        ));
     }
     r.map_err(|e| format!("template does not render: {e}"))?;
     String::from_utf8(out.0).map_err(|_| "template rendered invalid UTF-8".to_string())
@@ -215,14 +245,18 @@ pub fn render_row(template: &str, row: &serde_json::Value) -> Result<String, Str
 /// The top-level variables a template reads (`{{ input }}`, `{{ row.x }}` gives `row`).
 pub fn template_fields(template: &str) -> Result<std::collections::BTreeSet<String>, String> {
     let mut env = Environment::new();
-    env.add_template("t", template).map_err(|e| format!("template does not compile: {e}"))?;
-    let t = env.get_template("t").map_err(|e| format!("template does not compile: {e}"))?;
+    env.add_template("t", template)
+        .map_err(|e| format!("template does not compile: {e}"))?;
+    let t = env
+        .get_template("t")
+        .map_err(|e| format!("template does not compile: {e}"))?;
     Ok(t.undeclared_variables(false).into_iter().collect())
 }
 
 /// Parses and validates a TOML file of experiments; names must be unique.
 pub fn parse_file(text: &str) -> Result<Vec<Experiment>, Invalid> {
-    let f: ExperimentFile = toml::from_str(text).map_err(|e| Invalid(format!("experiments file: {e}")))?;
+    let f: ExperimentFile =
+        toml::from_str(text).map_err(|e| Invalid(format!("experiments file: {e}")))?;
     let mut names = std::collections::HashSet::new();
     for e in &f.experiment {
         e.validate()?;
@@ -263,30 +297,63 @@ system = "Be warm and friendly."
         assert_eq!(e[0].seed(), "support-tone");
         assert_eq!(e[0].control_index(), 0);
         assert_eq!(e[0].variants[1].template, "{{ input }}");
-        assert_eq!(render(&e[0].variants[0].template, "hi").unwrap(), "Customer: hi");
+        assert_eq!(
+            render(&e[0].variants[0].template, "hi").unwrap(),
+            "Customer: hi"
+        );
         // hostile templates end with an error, not a stall or a 100 MB prompt
         let big = render("{{ 'x' * 50000000 }}", "hi").unwrap_err();
         assert!(big.contains("larger than"), "{big}");
-        let long = render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "hi").unwrap_err();
+        let long = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "hi",
+        )
+        .unwrap_err();
         assert!(long.contains("fuel"), "{long}");
     }
 
     #[test]
     fn rejects_bad_definitions_with_the_reason() {
         let dup = GOOD.replace("id = \"friendly\"", "id = \"terse\"");
-        assert!(parse_file(&dup).unwrap_err().0.contains("duplicate variant id 'terse'"));
-        let neg = GOOD.replace("weight = 0.5\nsystem = \"Be warm", "weight = -1.0\nsystem = \"Be warm");
-        assert!(parse_file(&neg).unwrap_err().0.contains("weights must be ≥ 0"));
+        assert!(parse_file(&dup)
+            .unwrap_err()
+            .0
+            .contains("duplicate variant id 'terse'"));
+        let neg = GOOD.replace(
+            "weight = 0.5\nsystem = \"Be warm",
+            "weight = -1.0\nsystem = \"Be warm",
+        );
+        assert!(parse_file(&neg)
+            .unwrap_err()
+            .0
+            .contains("weights must be ≥ 0"));
         let tmpl = GOOD.replace("Customer: {{ input }}", "Customer: {{ input ");
-        assert!(parse_file(&tmpl).unwrap_err().0.contains("template does not compile"));
+        assert!(parse_file(&tmpl)
+            .unwrap_err()
+            .0
+            .contains("template does not compile"));
         let missing = GOOD.replace("Customer: {{ input }}", "Customer: {{ nothing_here }}");
-        assert!(parse_file(&missing).unwrap_err().0.contains("template does not render"));
+        assert!(parse_file(&missing)
+            .unwrap_err()
+            .0
+            .contains("template does not render"));
         let control = GOOD.replace("control = \"terse\"", "control = \"nobody\"");
-        assert!(parse_file(&control).unwrap_err().0.contains("control 'nobody'"));
-        let one = &GOOD[..GOOD.find("[[experiment.variants]]\nid = \"friendly\"").unwrap()];
-        assert!(parse_file(one).unwrap_err().0.contains("at least two variants"));
+        assert!(parse_file(&control)
+            .unwrap_err()
+            .0
+            .contains("control 'nobody'"));
+        let one = &GOOD[..GOOD
+            .find("[[experiment.variants]]\nid = \"friendly\"")
+            .unwrap()];
+        assert!(parse_file(one)
+            .unwrap_err()
+            .0
+            .contains("at least two variants"));
         let twice = format!("{GOOD}\n{}", GOOD);
-        assert!(parse_file(&twice).unwrap_err().0.contains("duplicate experiment name"));
+        assert!(parse_file(&twice)
+            .unwrap_err()
+            .0
+            .contains("duplicate experiment name"));
         let share = GOOD.replace("max_kv_share = 0.5", "max_kv_share = 1.5");
         assert!(parse_file(&share).unwrap_err().0.contains("max_kv_share"));
         let unknown = GOOD.replace("max_kv_share = 0.5", "colour = \"red\"");

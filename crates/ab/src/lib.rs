@@ -21,9 +21,18 @@ mod variant;
 
 pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
 pub use experiment::{
-    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status, Variant, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
+    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status,
+    Variant, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
 };
-pub use paired::{binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT, SignTest};
-pub use stats::{from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary};
-pub use store::{url_without_password, Backend, Exposure, Location, MetricResult, OutcomeEvent, Results, Store, StoreCondition, StoreError, VariantResult, CHANNEL};
+pub use paired::{
+    binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
+    SignTest,
+};
+pub use stats::{
+    from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary,
+};
+pub use store::{
+    url_without_password, Backend, Exposure, Location, MetricResult, OutcomeEvent, Results, Store,
+    StoreCondition, StoreError, VariantResult, CHANNEL,
+};
 pub use variant::{Message, Sampling, VariantError};

@@ -24,7 +24,11 @@ pub struct PairedT {
 /// Paired t-test of `treatment − control`; `None` with fewer than two pairs or no variation
 /// in the differences (scipy answers NaN there).
 pub fn paired_t(control: &[f64], treatment: &[f64]) -> Option<PairedT> {
-    assert_eq!(control.len(), treatment.len(), "paired samples have equal length");
+    assert_eq!(
+        control.len(),
+        treatment.len(),
+        "paired samples have equal length"
+    );
     let n = control.len();
     if n < 2 {
         return None;
@@ -40,7 +44,15 @@ pub fn paired_t(control: &[f64], treatment: &[f64]) -> Option<PairedT> {
     let dist = StudentsT::new(0.0, 1.0, df).ok()?;
     let t = mean / se;
     let q = dist.inverse_cdf(0.975);
-    Some(PairedT { n, diff: mean, t, df, p_value: 2.0 * (1.0 - dist.cdf(t.abs())), ci_low: mean - q * se, ci_high: mean + q * se })
+    Some(PairedT {
+        n,
+        diff: mean,
+        t,
+        df,
+        p_value: 2.0 * (1.0 - dist.cdf(t.abs())),
+        ci_low: mean - q * se,
+        ci_high: mean + q * se,
+    })
 }
 
 /// Two-sided exact binomial test of `k` successes in `n` trials at p = 0.5: twice the smaller
@@ -68,12 +80,34 @@ pub struct McNemar {
 
 /// McNemar's exact test on paired pass/fail outcomes.
 pub fn mcnemar(control: &[bool], treatment: &[bool]) -> McNemar {
-    assert_eq!(control.len(), treatment.len(), "paired samples have equal length");
-    let control_only = control.iter().zip(treatment).filter(|(c, t)| **c && !**t).count() as u64;
-    let treatment_only = control.iter().zip(treatment).filter(|(c, t)| !**c && **t).count() as u64;
+    assert_eq!(
+        control.len(),
+        treatment.len(),
+        "paired samples have equal length"
+    );
+    let control_only = control
+        .iter()
+        .zip(treatment)
+        .filter(|(c, t)| **c && !**t)
+        .count() as u64;
+    let treatment_only = control
+        .iter()
+        .zip(treatment)
+        .filter(|(c, t)| !**c && **t)
+        .count() as u64;
     let n = control.len();
-    let diff = if n == 0 { f64::NAN } else { (treatment_only as f64 - control_only as f64) / n as f64 };
-    McNemar { n, control_only, treatment_only, diff, p_value: binomial_two_sided(control_only, control_only + treatment_only) }
+    let diff = if n == 0 {
+        f64::NAN
+    } else {
+        (treatment_only as f64 - control_only as f64) / n as f64
+    };
+    McNemar {
+        n,
+        control_only,
+        treatment_only,
+        diff,
+        p_value: binomial_two_sided(control_only, control_only + treatment_only),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -93,7 +127,11 @@ pub fn sign_test(wins: u64, losses: u64, ties: u64) -> SignTest {
         wins,
         losses,
         ties,
-        win_rate: if decided == 0 { f64::NAN } else { wins as f64 / decided as f64 },
+        win_rate: if decided == 0 {
+            f64::NAN
+        } else {
+            wins as f64 / decided as f64
+        },
         p_value: binomial_two_sided(wins, decided),
     }
 }
@@ -130,9 +168,15 @@ mod tests {
         assert_eq!((m.control_only, m.treatment_only), (3, 0));
         assert!((m.p_value - 0.25).abs() < 1e-12);
         assert_eq!(sign_test(0, 0, 4).p_value, 1.0);
-        assert!(paired_t(&[1.0, 2.0], &[2.0, 3.0]).is_none(), "constant differences have no variance");
+        assert!(
+            paired_t(&[1.0, 2.0], &[2.0, 3.0]).is_none(),
+            "constant differences have no variance"
+        );
         assert_eq!(quantile(&[4.0, 1.0, 3.0, 2.0], 0.5), 2.5);
         assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.95), 4.8);
-        assert_eq!(quantiles(&[5.0, 1.0, 3.0, 2.0, 4.0], &[0.0, 0.5, 1.0]), vec![1.0, 3.0, 5.0]);
+        assert_eq!(
+            quantiles(&[5.0, 1.0, 3.0, 2.0, 4.0], &[0.0, 0.5, 1.0]),
+            vec![1.0, 3.0, 5.0]
+        );
     }
 }

@@ -29,16 +29,38 @@ pub fn summarize(xs: &[f64]) -> Summary {
 /// (what a database computes with two aggregations, without sending the values).
 pub fn from_moments(n: usize, mean: f64, squared_deviations: f64) -> Summary {
     if n == 0 {
-        return Summary { n, mean: f64::NAN, sd: f64::NAN, ci_low: f64::NAN, ci_high: f64::NAN };
+        return Summary {
+            n,
+            mean: f64::NAN,
+            sd: f64::NAN,
+            ci_low: f64::NAN,
+            ci_high: f64::NAN,
+        };
     }
-    let var = if n > 1 { squared_deviations.max(0.0) / (n - 1) as f64 } else { f64::NAN };
+    let var = if n > 1 {
+        squared_deviations.max(0.0) / (n - 1) as f64
+    } else {
+        f64::NAN
+    };
     let sd = var.sqrt();
-    let half = if n > 1 { t_quantile(0.975, (n - 1) as f64) * sd / (n as f64).sqrt() } else { f64::NAN };
-    Summary { n, mean, sd, ci_low: mean - half, ci_high: mean + half }
+    let half = if n > 1 {
+        t_quantile(0.975, (n - 1) as f64) * sd / (n as f64).sqrt()
+    } else {
+        f64::NAN
+    };
+    Summary {
+        n,
+        mean,
+        sd,
+        ci_low: mean - half,
+        ci_high: mean + half,
+    }
 }
 
 fn t_quantile(p: f64, df: f64) -> f64 {
-    StudentsT::new(0.0, 1.0, df).map(|t| t.inverse_cdf(p)).unwrap_or(f64::NAN)
+    StudentsT::new(0.0, 1.0, df)
+        .map(|t| t.inverse_cdf(p))
+        .unwrap_or(f64::NAN)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -82,7 +104,11 @@ pub fn welch_summaries(c: &Summary, t: &Summary) -> Option<Comparison> {
     let normal = Normal::new(0.0, 1.0).ok()?;
     Some(Comparison {
         diff,
-        relative_lift: if c.mean != 0.0 { diff / c.mean } else { f64::NAN },
+        relative_lift: if c.mean != 0.0 {
+            diff / c.mean
+        } else {
+            f64::NAN
+        },
         t: stat,
         df,
         p_value,
@@ -117,7 +143,11 @@ pub fn srm(observed: &[u64], weights: &[f64]) -> Option<SrmCheck> {
     }
     let dist = ChiSquared::new((observed.len() - 1) as f64).ok()?;
     let p_value = 1.0 - dist.cdf(chi2);
-    Some(SrmCheck { chi2, p_value, mismatch: p_value < 0.001 })
+    Some(SrmCheck {
+        chi2,
+        p_value,
+        mismatch: p_value < 0.001,
+    })
 }
 
 #[cfg(test)]
@@ -145,8 +175,12 @@ mod tests {
     #[test]
     fn a_real_effect_is_detected() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let a: Vec<f64> = (0..200).map(|_| RNormal::new(10.0, 3.0).unwrap().sample(&mut rng)).collect();
-        let b: Vec<f64> = (0..200).map(|_| RNormal::new(11.5, 3.0).unwrap().sample(&mut rng)).collect();
+        let a: Vec<f64> = (0..200)
+            .map(|_| RNormal::new(10.0, 3.0).unwrap().sample(&mut rng))
+            .collect();
+        let b: Vec<f64> = (0..200)
+            .map(|_| RNormal::new(11.5, 3.0).unwrap().sample(&mut rng))
+            .collect();
         let c = welch(&a, &b).unwrap();
         assert!(c.p_value < 0.001 && c.diff > 0.0 && c.chance_to_beat_control > 0.99);
         assert!(c.ci_low > 0.0);

@@ -15,7 +15,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Message { role: role.into(), content: content.into() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -41,7 +44,10 @@ pub struct VariantError {
 
 impl Variant {
     fn err(&self, message: String) -> VariantError {
-        VariantError { variant: self.id.clone(), message }
+        VariantError {
+            variant: self.id.clone(),
+            message,
+        }
     }
 
     pub fn sampling(&self) -> Sampling {
@@ -112,7 +118,9 @@ mod tests {
     fn variant(system: Option<&str>, template: &str) -> Variant {
         let toml = format!(
             "id = \"v\"\ntemplate = {template:?}\ntemperature = 0.5\nmax_tokens = 9\n{}",
-            system.map(|s| format!("system = {s:?}\n")).unwrap_or_default()
+            system
+                .map(|s| format!("system = {s:?}\n"))
+                .unwrap_or_default()
         );
         toml::from_str(&toml).unwrap()
     }
@@ -127,23 +135,55 @@ mod tests {
             Message::new("user", "second"),
         ];
         let out = v.chat(&msgs).unwrap();
-        let pairs: Vec<(&str, &str)> = out.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
-        assert_eq!(pairs, [("system", "Be brief."), ("user", "first"), ("assistant", "answer"), ("user", "Q: second")]);
+        let pairs: Vec<(&str, &str)> = out
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("system", "Be brief."),
+                ("user", "first"),
+                ("assistant", "answer"),
+                ("user", "Q: second")
+            ]
+        );
         let plain = variant(None, "{{ input }}!");
-        assert_eq!(plain.chat(&msgs).unwrap()[0], Message::new("system", "caller's system"), "no variant system: the caller's stays");
+        assert_eq!(
+            plain.chat(&msgs).unwrap()[0],
+            Message::new("system", "caller's system"),
+            "no variant system: the caller's stays"
+        );
     }
 
     #[test]
     fn inputs_rows_and_completion_prompts_and_sampling() {
         let v = variant(Some("S"), "{{ input }} ({{ topic | default('any') }})");
-        assert_eq!(v.chat_for_input("hi").unwrap(), [Message::new("system", "S"), Message::new("user", "hi (any)")]);
+        assert_eq!(
+            v.chat_for_input("hi").unwrap(),
+            [
+                Message::new("system", "S"),
+                Message::new("user", "hi (any)")
+            ]
+        );
         let row = serde_json::json!({"input": "hi", "topic": "books"});
         assert_eq!(v.chat_for_row(&row).unwrap()[1].content, "hi (books)");
         assert_eq!(v.completion_prompt("hi").unwrap(), "S\n\nhi (any)");
-        assert_eq!(v.sampling(), Sampling { temperature: Some(0.5), max_tokens: Some(9), ..Default::default() });
+        assert_eq!(
+            v.sampling(),
+            Sampling {
+                temperature: Some(0.5),
+                max_tokens: Some(9),
+                ..Default::default()
+            }
+        );
         let bad = variant(None, "{{ missing }}");
         let e = bad.chat_for_input("x").unwrap_err();
         assert_eq!(e.variant, "v");
-        assert!(e.to_string().starts_with("variant 'v': template does not render"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("variant 'v': template does not render"),
+            "{e}"
+        );
     }
 }

@@ -4,11 +4,18 @@ use abserve_ab::{srm, welch};
 use serde_json::Value;
 
 fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 fn close(a: f64, b: f64, what: &str) {
-    assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{what}: {a} vs scipy {b}");
+    assert!(
+        (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+        "{what}: {a} vs scipy {b}"
+    );
 }
 
 #[test]
@@ -23,7 +30,12 @@ fn welch_and_chi_squared_equal_scipy() {
         close(c.ci_high, case["ci_high"].as_f64().unwrap(), "ci_high");
     }
     for case in fx["chisquare"].as_array().unwrap() {
-        let obs: Vec<u64> = case["observed"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let obs: Vec<u64> = case["observed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         let s = srm(&obs, &floats(&case["weights"])).unwrap();
         close(s.chi2, case["chi2"].as_f64().unwrap(), "chi2");
         close(s.p_value, case["p_value"].as_f64().unwrap(), "chi2 p");
@@ -40,9 +52,19 @@ fn paired_statistics_equal_scipy_and_statsmodels() {
         close(r.df, case["df"].as_f64().unwrap(), "paired df");
         close(r.p_value, case["p_value"].as_f64().unwrap(), "paired p");
         close(r.ci_low, case["ci_low"].as_f64().unwrap(), "paired ci_low");
-        close(r.ci_high, case["ci_high"].as_f64().unwrap(), "paired ci_high");
+        close(
+            r.ci_high,
+            case["ci_high"].as_f64().unwrap(),
+            "paired ci_high",
+        );
     }
-    let bools = |v: &Value| -> Vec<bool> { v.as_array().unwrap().iter().map(|x| x.as_bool().unwrap()).collect() };
+    let bools = |v: &Value| -> Vec<bool> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_bool().unwrap())
+            .collect()
+    };
     for case in fx["mcnemar"].as_array().unwrap() {
         let r = mcnemar(&bools(&case["control"]), &bools(&case["treatment"]));
         close(r.p_value, case["p_value"].as_f64().unwrap(), "mcnemar p");

@@ -80,13 +80,19 @@ pub fn parse_budget(s: &str) -> Result<Budget, String> {
 impl ModelArgs {
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
         if !(0.0..90.0).contains(&self.margin) {
-            anyhow::bail!("--margin must be between 0 and 90 percent, got {}", self.margin);
+            anyhow::bail!(
+                "--margin must be between 0 and 90 percent, got {}",
+                self.margin
+            );
         }
         if self.context < 16 {
             anyhow::bail!("--context must be at least 16 tokens, got {}", self.context);
         }
         if !(1..=256).contains(&self.max_sequences) {
-            anyhow::bail!("--max-sequences must be between 1 and 256, got {}", self.max_sequences);
+            anyhow::bail!(
+                "--max-sequences must be between 1 and 256, got {}",
+                self.max_sequences
+            );
         }
         if !(32..=8192).contains(&self.batch) {
             anyhow::bail!("--batch must be between 32 and 8192, got {}", self.batch);
@@ -102,7 +108,10 @@ impl ModelArgs {
         c.flash_attention = self.flash_attn == "on";
         c.kv_unified = self.kv_unified;
         if !(self.max_itl_ms >= 0.0 && self.max_itl_ms.is_finite()) {
-            anyhow::bail!("--max-itl-ms must be 0 (off) or a positive number of milliseconds, got {}", self.max_itl_ms);
+            anyhow::bail!(
+                "--max-itl-ms must be 0 (off) or a positive number of milliseconds, got {}",
+                self.max_itl_ms
+            );
         }
         c.max_itl_ms = self.max_itl_ms;
         c.prefix_store = self.prefix_store;
@@ -114,14 +123,19 @@ impl ModelArgs {
         if self.gpu_layers != Some(GpuLayers::Count(0)) {
             // none in a CPU build; the engine refuses --gpu-layers then (`plan` may add a
             // hypothetical device first)
-            c.device = abserve_engine::device::find(self.device.as_deref()).map_err(|e| anyhow::anyhow!(e))?.map(DeviceHandle);
+            c.device = abserve_engine::device::find(self.device.as_deref())
+                .map_err(|e| anyhow::anyhow!(e))?
+                .map(DeviceHandle);
         }
         Ok(c)
     }
 }
 
 /// The store a `--store` value names, or the SQLite file in `data_dir` without one.
-pub fn store_location(store: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<abserve_ab::Location> {
+pub fn store_location(
+    store: Option<&str>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<abserve_ab::Location> {
     Ok(match store {
         Some(s) => s.parse()?,
         None => abserve_ab::Location::Sqlite(data_dir.join("abserve.db")),

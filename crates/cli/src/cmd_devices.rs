@@ -24,7 +24,10 @@ pub fn run(a: DevicesArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{:<12} {:<8} {:<6} {:>14} {:>14}  description", "name", "backend", "kind", "total", "free");
+    println!(
+        "{:<12} {:<8} {:<6} {:>14} {:>14}  description",
+        "name", "backend", "kind", "total", "free"
+    );
     for (d, kind) in &devices {
         println!(
             "{:<12} {:<8} {:<6} {:>14} {:>14}  {}",

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use abserve_engine::Engine;
-use abserve_eval::{summarize_run, table, Dataset, EvalConfig, Http, Options, QueueSpec, RunFacts, ScorerKind, Source, Target};
+use abserve_eval::{
+    summarize_run, table, Dataset, EvalConfig, Http, Options, QueueSpec, RunFacts, ScorerKind,
+    Source, Target,
+};
 use anyhow::Context;
 use clap::Args;
 
@@ -57,15 +60,23 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     // all checks before any model work
     let cfg = EvalConfig::load(&a.experiment)?;
     let mut ds = Dataset::load(&a.dataset)?;
-    abserve_eval::check(&cfg, &mut ds).map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
+    abserve_eval::check(&cfg, &mut ds)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
     for b in &ds.bad {
-        eprintln!("eval: {} line {}: {} (left out)", a.dataset.display(), b.line, b.reason);
+        eprintln!(
+            "eval: {} line {}: {} (left out)",
+            a.dataset.display(),
+            b.line,
+            b.reason
+        );
     }
     if a.jobs == 0 || a.concurrency == Some(0) {
         anyhow::bail!("-j and --concurrency must be at least 1");
     }
     let key = std::env::var(&a.api_key_env).ok().filter(|k| !k.is_empty());
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let source = match (&a.url, &a.amqp) {
             (Some(url), _) => Source::Target(Arc::new(Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await?))),

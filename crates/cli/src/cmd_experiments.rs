@@ -35,10 +35,16 @@ pub fn run(a: ExperimentsArgs) -> anyhow::Result<()> {
     let at = crate::args::store_location(a.store.as_deref(), &a.data_dir)?;
     if let Location::Sqlite(f) = &at {
         if !f.exists() {
-            anyhow::bail!("no abserve store at {} (start `abserve serve --data-dir {}` first)", f.display(), a.data_dir.display());
+            anyhow::bail!(
+                "no abserve store at {} (start `abserve serve --data-dir {}` first)",
+                f.display(),
+                a.data_dir.display()
+            );
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(show(a.command, at))
 }
 
@@ -52,7 +58,10 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
             }
         }
         ExperimentsCommand::Results { name, json } => {
-            let e = store.experiment(&name).await?.ok_or_else(|| anyhow::anyhow!("no experiment named '{name}'"))?;
+            let e = store
+                .experiment(&name)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no experiment named '{name}'"))?;
             let r = store.results(&e).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -64,11 +73,21 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
                     "sample ratio: chi2 {:.3}, p {:.4}{}",
                     s.chi2,
                     s.p_value,
-                    if s.mismatch { "  ** MISMATCH: check assignment and logging **" } else { "" }
+                    if s.mismatch {
+                        "  ** MISMATCH: check assignment and logging **"
+                    } else {
+                        ""
+                    }
                 );
             }
             for v in &r.variants {
-                println!("\n{}{}: {} units, {} exposures", v.id, if v.is_control { " (control)" } else { "" }, v.units, v.exposures);
+                println!(
+                    "\n{}{}: {} units, {} exposures",
+                    v.id,
+                    if v.is_control { " (control)" } else { "" },
+                    v.units,
+                    v.exposures
+                );
                 for (m, res) in &v.metrics {
                     let s = &res.summary;
                     let mut line = format!(

@@ -5,8 +5,8 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use abserve_engine::ChatMessage;
 use abserve_engine::plan::{human_bytes, peak_rss};
+use abserve_engine::ChatMessage;
 use abserve_engine::{Engine, Request, SamplingParams};
 use anyhow::Context;
 use clap::Args;
@@ -75,12 +75,17 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
         } else {
             p.clone()
         };
-        jobs.push(Job { prompt_tokens: engine.tokenize(&text), params: base.clone() });
+        jobs.push(Job {
+            prompt_tokens: engine.tokenize(&text),
+            params: base.clone(),
+        });
     }
     if let Some(f) = &a.prompts_file {
-        let file = std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
+        let file =
+            std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
         for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let line = line.with_context(|| format!("{}: cannot read line {}", f.display(), i + 1))?;
+            let line =
+                line.with_context(|| format!("{}: cannot read line {}", f.display(), i + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -99,9 +104,16 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
             let text = match (pl.prompt, pl.messages) {
                 (Some(p), None) => p,
                 (None, Some(m)) => engine.render_chat(&m)?,
-                _ => anyhow::bail!("{} line {}: give exactly one of prompt or messages", f.display(), i + 1),
+                _ => anyhow::bail!(
+                    "{} line {}: give exactly one of prompt or messages",
+                    f.display(),
+                    i + 1
+                ),
             };
-            jobs.push(Job { prompt_tokens: engine.tokenize(&text), params: pl.params });
+            jobs.push(Job {
+                prompt_tokens: engine.tokenize(&text),
+                params: pl.params,
+            });
         }
     }
     if jobs.is_empty() {
@@ -113,10 +125,21 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
 /// One finished generation, as a JSON line or a header line and the text.
 fn print_output(i: usize, o: &abserve_engine::Output, json: bool) -> anyhow::Result<()> {
     let c = &o.completion;
-    let gen_time = c.total_time.saturating_sub(c.time_to_first_token).as_secs_f64();
-    let tps = if c.completion_tokens > 1 && gen_time > 0.0 { (c.completion_tokens - 1) as f64 / gen_time } else { 0.0 };
+    let gen_time = c
+        .total_time
+        .saturating_sub(c.time_to_first_token)
+        .as_secs_f64();
+    let tps = if c.completion_tokens > 1 && gen_time > 0.0 {
+        (c.completion_tokens - 1) as f64 / gen_time
+    } else {
+        0.0
+    };
     if json {
-        let logprobs = if o.logprobs.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&o.logprobs)? };
+        let logprobs = if o.logprobs.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::to_value(&o.logprobs)?
+        };
         println!(
             "{}",
             serde_json::json!({
@@ -137,7 +160,11 @@ fn print_output(i: usize, o: &abserve_engine::Output, json: bool) -> anyhow::Res
             c.time_to_first_token.as_secs_f64() * 1e3,
             tps,
             c.finish_reason.as_str(),
-            if c.preemptions > 0 { format!(", preempted {}×", c.preemptions) } else { String::new() },
+            if c.preemptions > 0 {
+                format!(", preempted {}×", c.preemptions)
+            } else {
+                String::new()
+            },
         );
         println!("{}", o.text);
     }
@@ -152,7 +179,13 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
         let rx = engine
-            .submit(Request { prompt: j.prompt_tokens.clone(), params: j.params.clone(), group: None, priority: false, kv_share: None })
+            .submit(Request {
+                prompt: j.prompt_tokens.clone(),
+                params: j.params.clone(),
+                group: None,
+                priority: false,
+                kv_share: None,
+            })
             .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?;
         receivers.push(rx);
     }

@@ -76,7 +76,11 @@ pub fn run(a: LoadtestArgs) -> anyhow::Result<i32> {
         None if a.variants >= 1 => Workload::Variants(a.variants),
         None => anyhow::bail!("--variants must be at least 1"),
     };
-    for (name, v) in [("--timeout", Some(a.timeout)), ("--settle", Some(a.settle)), ("--duration", a.duration)] {
+    for (name, v) in [
+        ("--timeout", Some(a.timeout)),
+        ("--settle", Some(a.settle)),
+        ("--duration", a.duration),
+    ] {
         if let Some(v) = v {
             if !(v.is_finite() && v >= 0.0) {
                 anyhow::bail!("{name} must be a number of seconds ≥ 0, got {v}");
@@ -100,7 +104,9 @@ pub fn run(a: LoadtestArgs) -> anyhow::Result<i32> {
         seed: a.seed,
         max_inflight: 4096,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let mut report = rt.block_on(abserve_loadtest::run(cfg))?;
     if a.assert_no_oom || a.max_memory.is_some() {
         report.check_no_oom(a.max_memory);

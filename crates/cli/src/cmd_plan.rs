@@ -41,7 +41,8 @@ pub struct PlanArgs {
 
 /// The plan of a model that is described by flags instead of a GGUF file.
 fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<MemoryPlan> {
-    let (layers, kv_heads, head_dim) = (a.layers.unwrap(), a.kv_heads.unwrap(), a.head_dim.unwrap());
+    let (layers, kv_heads, head_dim) =
+        (a.layers.unwrap(), a.kv_heads.unwrap(), a.head_dim.unwrap());
     if layers == 0 || kv_heads == 0 || head_dim == 0 {
         anyhow::bail!("--layers, --kv-heads and --head-dim must be positive");
     }
@@ -60,7 +61,9 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
         weights_bytes: w,
         shape,
         kv_type: cfg.kv_type,
-        memory_total: cfg.memory_total.unwrap_or_else(abserve_engine::plan::available_memory),
+        memory_total: cfg
+            .memory_total
+            .unwrap_or_else(abserve_engine::plan::available_memory),
         budget: cfg.budget,
         margin: cfg.margin,
         context: cfg.context,
@@ -77,7 +80,11 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
                 device: d.0.memory(),
                 budget: cfg.device_budget,
                 layers: gpu_layers.min(layers),
-                weights_bytes: if gpu_layers > layers { w } else { w / layers * gpu_layers },
+                weights_bytes: if gpu_layers > layers {
+                    w
+                } else {
+                    w / layers * gpu_layers
+                },
             })
         }),
     }))
@@ -92,7 +99,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 cfg.device = Some(DeviceHandle(Arc::new(FakeDevice::hypothetical(b))));
                 cfg.device_budget = Budget::Fraction(1.0);
             }
-            Some(Budget::Fraction(_)) => anyhow::bail!("this build has no GPU: give --device-memory in bytes for a hypothetical device"),
+            Some(Budget::Fraction(_)) => anyhow::bail!(
+                "this build has no GPU: give --device-memory in bytes for a hypothetical device"
+            ),
             None => {}
         }
     }
@@ -112,27 +121,66 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let s = &plan.shape;
     let rows: Vec<(&str, String)> = vec![
         ("model", source),
-        ("shape", format!("{} layers, {} heads, {} KV heads, head dim {}", s.n_layer, s.n_head, s.n_head_kv, s.head_dim_k)),
-        ("weights", format!("{} ({} B)", human_bytes(plan.weights_bytes), plan.weights_bytes)),
-        ("kv per token", format!("{} B ({})", plan.kv_bytes_per_token, plan.kv_type)),
+        (
+            "shape",
+            format!(
+                "{} layers, {} heads, {} KV heads, head dim {}",
+                s.n_layer, s.n_head, s.n_head_kv, s.head_dim_k
+            ),
+        ),
+        (
+            "weights",
+            format!(
+                "{} ({} B)",
+                human_bytes(plan.weights_bytes),
+                plan.weights_bytes
+            ),
+        ),
+        (
+            "kv per token",
+            format!("{} B ({})", plan.kv_bytes_per_token, plan.kv_type),
+        ),
         ("compute buffers", human_bytes(plan.compute_bytes)),
         ("prefix store", human_bytes(plan.prefix_store_bytes)),
-        ("budget", format!("{} ({} B)", human_bytes(plan.budget_bytes), plan.budget_bytes)),
+        (
+            "budget",
+            format!(
+                "{} ({} B)",
+                human_bytes(plan.budget_bytes),
+                plan.budget_bytes
+            ),
+        ),
         ("margin", human_bytes(plan.margin_bytes)),
         ("usable", human_bytes(plan.usable_bytes)),
-        ("kv cache", format!("{} tokens = {}", plan.kv_cells, human_bytes(plan.kv_bytes))),
+        (
+            "kv cache",
+            format!("{} tokens = {}", plan.kv_cells, human_bytes(plan.kv_bytes)),
+        ),
         (
             "kv layout",
             if plan.kv_unified {
                 "one unified pool shared by all sequences".to_string()
             } else {
-                format!("{} slots × {} cells (one stream per slot)", plan.seq_slots, plan.kv_cells_per_slot)
+                format!(
+                    "{} slots × {} cells (one stream per slot)",
+                    plan.seq_slots, plan.kv_cells_per_slot
+                )
             },
         ),
         ("planned total", human_bytes(plan.planned_bytes)),
-        ("planned on the host", format!("{} ({} B)", human_bytes(plan.host_planned_bytes), plan.host_planned_bytes)),
+        (
+            "planned on the host",
+            format!(
+                "{} ({} B)",
+                human_bytes(plan.host_planned_bytes),
+                plan.host_planned_bytes
+            ),
+        ),
         ("context per sequence", format!("{} tokens", plan.context)),
-        ("full-context sequences", plan.full_context_sequences.to_string()),
+        (
+            "full-context sequences",
+            plan.full_context_sequences.to_string(),
+        ),
         ("model copies that fit", plan.copies_that_fit.to_string()),
         ("fits", if plan.fits { "yes".into() } else { "NO".into() }),
     ];
@@ -149,12 +197,35 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
 fn device_rows(plan: &MemoryPlan) -> Vec<(&'static str, String)> {
     let Some(d) = &plan.device else { return vec![] };
     vec![
-        ("device", format!("{} ({}), {} free of {}", d.name, d.backend, human_bytes(d.free_bytes), human_bytes(d.total_bytes))),
-        ("layers offloaded", format!("{} of {}", d.layers_offloaded, d.n_layer)),
-        ("device budget", format!("{} ({} B), margin {}", human_bytes(d.budget_bytes), d.budget_bytes, human_bytes(d.margin_bytes))),
+        (
+            "device",
+            format!(
+                "{} ({}), {} free of {}",
+                d.name,
+                d.backend,
+                human_bytes(d.free_bytes),
+                human_bytes(d.total_bytes)
+            ),
+        ),
+        (
+            "layers offloaded",
+            format!("{} of {}", d.layers_offloaded, d.n_layer),
+        ),
+        (
+            "device budget",
+            format!(
+                "{} ({} B), margin {}",
+                human_bytes(d.budget_bytes),
+                d.budget_bytes,
+                human_bytes(d.margin_bytes)
+            ),
+        ),
         ("device weights", human_bytes(d.weights_bytes)),
         ("device kv", human_bytes(d.kv_bytes)),
         ("device compute", human_bytes(d.compute_bytes)),
-        ("planned on the device", format!("{} ({} B)", human_bytes(d.planned_bytes), d.planned_bytes)),
+        (
+            "planned on the device",
+            format!("{} ({} B)", human_bytes(d.planned_bytes), d.planned_bytes),
+        ),
     ]
 }

@@ -77,7 +77,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut cfg = a.model.engine_config()?;
     cfg.admission_control = !a.unsafe_no_admission_control;
     // the queue bound is resolved against the plan's slots when the engine starts (planned once)
-    cfg.max_queue = a.max_queue.map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
+    cfg.max_queue = a
+        .max_queue
+        .map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
     for (name, v) in [
         ("--queue-timeout", a.queue_timeout),
         ("--drain-timeout", a.drain_timeout),
@@ -89,17 +91,37 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let model_id = a.model_id.clone().unwrap_or_else(|| {
-        cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "default".into())
+        cfg.model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "default".into())
     });
     // a bad experiments file or an unreachable store is an error before any model work
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let store = crate::args::store_location(a.store.as_deref(), &a.data_dir)?;
     let poll = Duration::from_secs_f64(a.store_poll);
-    let ab = rt.block_on(AbState::open(&store, a.experiments.as_deref(), a.keep_stored_experiments, poll))?;
+    let ab = rt.block_on(AbState::open(
+        &store,
+        a.experiments.as_deref(),
+        a.keep_stored_experiments,
+        poll,
+    ))?;
     let step_hist = Metrics::engine_step_histogram()?;
     let obs_hist = step_hist.clone();
-    let engine = Engine::start_with_observer(cfg, Some(Arc::new(move |d: Duration| obs_hist.observe(d.as_secs_f64()))))?;
-    let metrics = Metrics::new(engine.plan(), engine.stats_handle(), step_hist, engine.device())?;
+    let engine = Engine::start_with_observer(
+        cfg,
+        Some(Arc::new(move |d: Duration| {
+            obs_hist.observe(d.as_secs_f64())
+        })),
+    )?;
+    let metrics = Metrics::new(
+        engine.plan(),
+        engine.stats_handle(),
+        step_hist,
+        engine.device(),
+    )?;
     let context = engine.plan().context as usize;
     ab.check(context as u64)?;
     let config = ServerConfig {
@@ -115,11 +137,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     };
     let state = AppState::new(engine, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
-    rt.block_on(abserve_server::serve(state.clone(), addr, std::future::pending(), |bound| {
-        tracing::info!("listening on http://{bound} (model id '{}')", state.config.model_id);
-        // a line tests and scripts can wait for
-        println!("abserve: listening on http://{bound}");
-    }))?;
+    rt.block_on(abserve_server::serve(
+        state.clone(),
+        addr,
+        std::future::pending(),
+        |bound| {
+            tracing::info!(
+                "listening on http://{bound} (model id '{}')",
+                state.config.model_id
+            );
+            // a line tests and scripts can wait for
+            println!("abserve: listening on http://{bound}");
+        },
+    ))?;
     // connections cut at the drain timeout may hold blocking work (a store write): give it a
     // moment, never wait for it
     rt.shutdown_timeout(Duration::from_secs(2));

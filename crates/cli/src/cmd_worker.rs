@@ -31,7 +31,9 @@ pub struct WorkerArgs {
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let store = match &a.store {
         Some(s) => Some(rt.block_on(abserve_ab::Store::connect(&s.parse()?))?),
         None => None,
@@ -44,15 +46,32 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     );
     let target = Arc::new(Target::Engine(Arc::new(engine)));
     let tally = Arc::new(Tally::default());
-    let opts = worker::Options { amqp: a.amqp.clone(), queue: a.queue.clone(), max_failures: a.max_failures, store };
-    rt.block_on(worker::work(target, plan.seq_slots.min(u16::MAX as u64) as u16, opts, tally.clone(), stop_signal()))?;
+    let opts = worker::Options {
+        amqp: a.amqp.clone(),
+        queue: a.queue.clone(),
+        max_failures: a.max_failures,
+        store,
+    };
+    rt.block_on(worker::work(
+        target,
+        plan.seq_slots.min(u16::MAX as u64) as u16,
+        opts,
+        tally.clone(),
+        stop_signal(),
+    ))?;
     let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("worker: stopped; {} answered, {} retried, {} dead-lettered", n(&tally.answered), n(&tally.retried), n(&tally.dead_lettered));
+    eprintln!(
+        "worker: stopped; {} answered, {} retried, {} dead-lettered",
+        n(&tally.answered),
+        n(&tally.retried),
+        n(&tally.dead_lettered)
+    );
     Ok(())
 }
 
 async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -13,7 +13,11 @@ mod cmd_worker;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "abserve", version, about = "Run many A/B prompt variants on one shared LLM, with memory planned before the first request")]
+#[command(
+    name = "abserve",
+    version,
+    about = "Run many A/B prompt variants on one shared LLM, with memory planned before the first request"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,7 +45,11 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) { "info" } else { "warn" };
+    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ABSERVE_LOG")

@@ -16,9 +16,17 @@ fn deploy() -> PathBuf {
 }
 
 fn promtool(args: &[&str]) {
-    let out = Command::new("promtool").args(args).current_dir(deploy().join("prometheus")).output();
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(deploy().join("prometheus"))
+        .output();
     let out = out.expect("promtool missing: run scripts/setup.sh");
-    assert!(out.status.success(), "promtool {args:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "promtool {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -38,7 +46,10 @@ fn metrics_used<'a>(exprs: impl Iterator<Item = &'a str>) -> Vec<String> {
                 continue;
             }
             // a metric is a word followed by `{` or a word that starts abserve_/process_
-            if (ch == '{' || word.starts_with("abserve_") || word.starts_with("process_")) && !word.is_empty() && !names.contains(&word) {
+            if (ch == '{' || word.starts_with("abserve_") || word.starts_with("process_"))
+                && !word.is_empty()
+                && !names.contains(&word)
+            {
                 names.push(word.clone());
             }
             word.clear();
@@ -52,12 +63,21 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();
     let mut used = metrics_used(rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")));
     assert!(used.len() >= 8, "{used:?}");
-    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(deploy().join("grafana/abserve.json")).unwrap()).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy().join("grafana/abserve.json")).unwrap(),
+    )
+    .unwrap();
     let exprs: Vec<&str> = dashboard["panels"]
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap()))
+        .flat_map(|p| {
+            p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["expr"].as_str().unwrap())
+        })
         .collect();
     assert!(exprs.len() >= 10);
     used.extend(metrics_used(exprs.into_iter()));
@@ -69,11 +89,26 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     let s = Server::start(&["--experiments", &file.display().to_string()]);
     let c = reqwest::Client::new();
     let body = serde_json::json!({"model": "experiment:e", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "u"});
-    assert_eq!(c.post(s.url("/v1/chat/completions")).json(&body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(s.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // the SRM p-value is refreshed in the background (at start, then every 30 s)
     let mut text = String::new();
     for _ in 0..50 {
-        text = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        text = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         if text.contains("abserve_experiment_srm_p_value{") {
             break;
         }
@@ -97,7 +132,10 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
                 names::DEVICE_MEMORY_BUDGET,
                 names::DEVICE_MEMORY_PLANNED,
             ];
-            assert!(device.contains(&name.as_str()), "{name} is used but abserve does not export it");
+            assert!(
+                device.contains(&name.as_str()),
+                "{name} is used but abserve does not export it"
+            );
             continue;
         }
         let found = exported.get(&name).is_some() || exported.has_prefix(&format!("{name}{{"));

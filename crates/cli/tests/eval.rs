@@ -24,25 +24,49 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn model_flags() -> Vec<String> {
-    ["--model", &model().display().to_string(), "--memory-budget", "1GiB", "--context", "768", "--threads", "2"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--model",
+        &model().display().to_string(),
+        "--memory-budget",
+        "1GiB",
+        "--context",
+        "768",
+        "--threads",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn eval(args: &[String]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_abserve")).arg("eval").args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_abserve"))
+        .arg("eval")
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn lines(p: &Path) -> Vec<Value> {
-    std::fs::read_to_string(p).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// The first `n` rows of the example dataset.
 fn example_rows(dir: &Path, n: usize) -> PathBuf {
     let text = std::fs::read_to_string(root().join("examples/support-questions.jsonl")).unwrap();
     let p = dir.join("rows.jsonl");
-    std::fs::write(&p, text.lines().take(n).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    std::fs::write(
+        &p,
+        text.lines()
+            .take(n)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
     p
 }
 
@@ -69,18 +93,34 @@ fn assert_complete(out: &Path, rows: usize, variants: &[&str]) -> Value {
     let mut seen = BTreeMap::new();
     for r in &rs {
         assert!(r["error"].is_null(), "row failed: {r}");
-        assert!(r["output"].is_string() && r["completion_tokens"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            r["output"].is_string() && r["completion_tokens"].as_u64().unwrap() > 0,
+            "{r}"
+        );
         assert!(r["ttft_ms"].as_f64().unwrap() <= r["latency_ms"].as_f64().unwrap());
-        *seen.entry((r["row"].as_str().unwrap().to_string(), r["variant"].as_str().unwrap().to_string())).or_insert(0) += 1;
+        *seen
+            .entry((
+                r["row"].as_str().unwrap().to_string(),
+                r["variant"].as_str().unwrap().to_string(),
+            ))
+            .or_insert(0) += 1;
     }
-    assert_eq!(seen.len(), rows * variants.len(), "every input × variant: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        rows * variants.len(),
+        "every input × variant: {seen:?}"
+    );
     assert!(seen.values().all(|n| *n == 1), "no answer twice: {seen:?}");
     let got: BTreeSet<&str> = seen.keys().map(|(_, v)| v.as_str()).collect();
     assert_eq!(got, variants.iter().copied().collect());
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["rows"], rows);
     for f in ["report.md", "report.html"] {
-        assert!(std::fs::metadata(out.join(f)).unwrap().len() > 500, "{f} written");
+        assert!(
+            std::fs::metadata(out.join(f)).unwrap().len() > 500,
+            "{f} written"
+        );
     }
     summary
 }
@@ -89,12 +129,21 @@ fn assert_complete(out: &Path, rows: usize, variants: &[&str]) -> Value {
 fn example_experiment_in_process_and_against_a_server() {
     let dir = tmp("e2e");
     let data = example_rows(&dir, 6);
-    let example = root().join("examples/support-eval.toml").display().to_string();
+    let example = root()
+        .join("examples/support-eval.toml")
+        .display()
+        .to_string();
     let variants = ["terse", "friendly", "friendly-sampled", "terse-topic"];
 
     let turn = exclusive();
     let out = dir.join("in-process");
-    let mut args = vec![example.clone(), "--dataset".into(), data.display().to_string(), "--out".into(), out.display().to_string()];
+    let mut args = vec![
+        example.clone(),
+        "--dataset".into(),
+        data.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
     args.extend(model_flags());
     let o = eval(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -105,15 +154,28 @@ fn example_experiment_in_process_and_against_a_server() {
     // the judge compared each of the 3 other variants with control on every row
     let judged = lines(&out.join("judgments.jsonl"));
     assert_eq!(judged.len(), 18);
-    assert!(judged.iter().all(|j| j["verdict"].is_string()), "{judged:?}");
-    let positions: BTreeSet<&str> = judged.iter().map(|j| j["variant_position"].as_str().unwrap()).collect();
-    assert_eq!(positions.len(), 2, "the variant is shown first sometimes and second sometimes");
+    assert!(
+        judged.iter().all(|j| j["verdict"].is_string()),
+        "{judged:?}"
+    );
+    let positions: BTreeSet<&str> = judged
+        .iter()
+        .map(|j| j["variant_position"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        positions.len(),
+        2,
+        "the variant is shown first sometimes and second sometimes"
+    );
     let first = s["judge_chose_first"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&first));
     // paired comparisons: 3 variants × 5 scorers
     assert_eq!(s["comparisons"].as_array().unwrap().len(), 15);
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("terse (control)") && stdout.contains("states_fact"), "{stdout}");
+    assert!(
+        stdout.contains("terse (control)") && stdout.contains("states_fact"),
+        "{stdout}"
+    );
     check_report_in_chromium(&out.join("report.html"), 6, true);
 
     let server = Server::start(&[]);
@@ -129,7 +191,14 @@ fn example_experiment_in_process_and_against_a_server() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = assert_complete(&out, 6, &variants);
-    assert!(s["concurrency_source"].as_str().unwrap().ends_with("/ready"), "{}", s["concurrency_source"]);
+    assert!(
+        s["concurrency_source"]
+            .as_str()
+            .unwrap()
+            .ends_with("/ready"),
+        "{}",
+        s["concurrency_source"]
+    );
     assert!(s["target"].as_str().unwrap().contains("model 'smol'"));
     assert_eq!(lines(&out.join("judgments.jsonl")).len(), 18);
 }
@@ -139,11 +208,19 @@ fn example_experiment_in_process_and_against_a_server() {
 fn check_report_in_chromium(report: &Path, rows: usize, judge: bool) {
     let profile = report.parent().unwrap().join("chromium-profile");
     let mut cmd = Command::new("chromium");
-    cmd.args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dump-dom"])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("file://{}", report.display()))
-        .stderr(Stdio::null());
-    let o = cmd.output().expect("chromium is installed (scripts/setup.sh installs it)");
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--dump-dom",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .arg(format!("file://{}", report.display()))
+    .stderr(Stdio::null());
+    let o = cmd
+        .output()
+        .expect("chromium is installed (scripts/setup.sh installs it)");
     assert!(o.status.success());
     let dom = String::from_utf8_lossy(&o.stdout);
     assert!(dom.contains("data-ready=\"1\""), "the report's script ran");
@@ -154,7 +231,10 @@ fn check_report_in_chromium(report: &Path, rows: usize, judge: bool) {
     assert!(dom.contains("id=\"score-chart-states_fact\""));
     assert!(dom.matches("class=\"score-bar\"").count() >= 2);
     assert_eq!(dom.contains("id=\"winrate-chart\""), judge);
-    assert!(!dom.contains("http://") && !dom.contains("https://"), "self-contained: no network references");
+    assert!(
+        !dom.contains("http://") && !dom.contains("https://"),
+        "self-contained: no network references"
+    );
 }
 
 #[test]
@@ -164,35 +244,70 @@ fn a_run_killed_halfway_resumes_without_asking_anything_twice() {
     std::fs::write(&cfg, MINI).unwrap();
     let data = example_rows(&dir, 12);
     let out = dir.join("out");
-    let mut args = vec![cfg.display().to_string(), "--dataset".into(), data.display().to_string(), "--out".into(), out.display().to_string(), "--concurrency".into(), "2".into()];
+    let mut args = vec![
+        cfg.display().to_string(),
+        "--dataset".into(),
+        data.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--concurrency".into(),
+        "2".into(),
+    ];
     args.extend(model_flags());
     let _turn = exclusive();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_abserve")).arg("eval").args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
+        .arg("eval")
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let results = out.join("results.jsonl");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let n = std::fs::read_to_string(&results).map(|t| t.lines().count()).unwrap_or(0);
+        let n = std::fs::read_to_string(&results)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
         if n >= 8 {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "finished before it could be killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before it could be killed"
+        );
         assert!(Instant::now() < deadline, "no progress");
         std::thread::sleep(Duration::from_millis(10));
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    let before: Vec<String> = std::fs::read_to_string(&results).unwrap().lines().map(String::from).collect();
+    let before: Vec<String> = std::fs::read_to_string(&results)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
     assert!(before.len() < 24, "killed halfway: {}", before.len());
-    let complete = before.iter().filter(|l| serde_json::from_str::<Value>(l).is_ok()).count();
+    let complete = before
+        .iter()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+        .count();
 
     let o = eval(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains(&format!("{} asked now, {complete} from an earlier run", 24 - complete)), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{} asked now, {complete} from an earlier run",
+            24 - complete
+        )),
+        "{stdout}"
+    );
     assert_complete(&out, 12, &["a", "b"]);
     // the answers finished before the kill are kept as they were
     let after = std::fs::read_to_string(&results).unwrap();
-    for l in before.iter().filter(|l| serde_json::from_str::<Value>(l).is_ok()) {
+    for l in before
+        .iter()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+    {
         assert!(after.contains(l.as_str()));
     }
 }
@@ -204,19 +319,45 @@ fn bad_input_is_refused_before_any_model_work_and_bad_rows_are_skipped() {
     let run = |toml: &str, data: &Path, model: &str| {
         let cfg = dir.join("cfg.toml");
         std::fs::write(&cfg, toml).unwrap();
-        eval(&[cfg.display().to_string(), "--dataset".into(), data.display().to_string(), "--out".into(), dir.join("out").display().to_string(), "--model".into(), model.into()])
+        eval(&[
+            cfg.display().to_string(),
+            "--dataset".into(),
+            data.display().to_string(),
+            "--out".into(),
+            dir.join("out").display().to_string(),
+            "--model".into(),
+            model.into(),
+        ])
     };
     let missing_model = "/nonexistent/model.gguf";
     // an unknown scorer: named, with the known ones; the (missing) model was never opened
-    let o = run(&MINI.replace("type = \"contains\"", "type = \"bleu\""), &data, missing_model);
+    let o = run(
+        &MINI.replace("type = \"contains\"", "type = \"bleu\""),
+        &data,
+        missing_model,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err.contains("unknown scorer type 'bleu'") && err.contains("json_schema") && !err.contains("nonexistent"), "{err}");
+    assert!(
+        err.contains("unknown scorer type 'bleu'")
+            && err.contains("json_schema")
+            && !err.contains("nonexistent"),
+        "{err}"
+    );
     // a template field no row has
-    let o = run(&MINI.replace("Question: {{ input }}", "{{ topic }}: {{ input }}"), &data, missing_model);
+    let o = run(
+        &MINI.replace("Question: {{ input }}", "{{ topic }}: {{ input }}"),
+        &data,
+        missing_model,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err.contains("variant 'b'") && err.contains("'topic', which no dataset row has") && err.contains("category, expected, id, input"), "{err}");
+    assert!(
+        err.contains("variant 'b'")
+            && err.contains("'topic', which no dataset row has")
+            && err.contains("category, expected, id, input"),
+        "{err}"
+    );
     // a dataset with no usable rows
     let empty = dir.join("empty.jsonl");
     std::fs::write(&empty, "not json\n").unwrap();
@@ -227,17 +368,39 @@ fn bad_input_is_refused_before_any_model_work_and_bad_rows_are_skipped() {
     let mixed = dir.join("mixed.jsonl");
     let good = std::fs::read_to_string(&data).unwrap();
     let mut g = good.lines();
-    std::fs::write(&mixed, format!("{}\n{{\"input\": \n{}\n{{\"question\": \"x\"}}\n", g.next().unwrap(), g.next().unwrap())).unwrap();
+    std::fs::write(
+        &mixed,
+        format!(
+            "{}\n{{\"input\": \n{}\n{{\"question\": \"x\"}}\n",
+            g.next().unwrap(),
+            g.next().unwrap()
+        ),
+    )
+    .unwrap();
     let _turn = exclusive();
-    let mut args = vec![dir.join("cfg.toml").display().to_string(), "--dataset".into(), mixed.display().to_string(), "--out".into(), dir.join("mixed-out").display().to_string()];
+    let mut args = vec![
+        dir.join("cfg.toml").display().to_string(),
+        "--dataset".into(),
+        mixed.display().to_string(),
+        "--out".into(),
+        dir.join("mixed-out").display().to_string(),
+    ];
     std::fs::write(dir.join("cfg.toml"), MINI).unwrap();
     args.extend(model_flags());
     let o = eval(&args);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("line 2: not JSON") && err.contains("line 4: has no 'input' field"), "{err}");
+    assert!(
+        err.contains("line 2: not JSON") && err.contains("line 4: has no 'input' field"),
+        "{err}"
+    );
     let s = assert_complete(&dir.join("mixed-out"), 2, &["a", "b"]);
-    let skipped: Vec<u64> = s["skipped_rows"].as_array().unwrap().iter().map(|b| b["line"].as_u64().unwrap()).collect();
+    let skipped: Vec<u64> = s["skipped_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["line"].as_u64().unwrap())
+        .collect();
     assert_eq!(skipped, [2, 4]);
 }
 
@@ -263,8 +426,24 @@ fn answers_429_are_retried_until_every_row_is_done() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_complete(&out, 4, &["a", "b"]);
-    let retried = lines(&out.join("results.jsonl")).iter().filter(|r| r["attempts"].as_u64().unwrap() > 1).count();
-    assert!(retried > 0, "some requests were turned away and asked again");
-    let m = tokio::runtime::Runtime::new().unwrap().block_on(async { reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap() });
-    assert!(support::metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap_or(0.0) > 0.0, "{m}");
+    let retried = lines(&out.join("results.jsonl"))
+        .iter()
+        .filter(|r| r["attempts"].as_u64().unwrap() > 1)
+        .count();
+    assert!(
+        retried > 0,
+        "some requests were turned away and asked again"
+    );
+    let m = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::get(server.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    assert!(
+        support::metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap_or(0.0) > 0.0,
+        "{m}"
+    );
 }

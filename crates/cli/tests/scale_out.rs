@@ -18,11 +18,15 @@ use serde_json::{json, Value};
 use support::{exclusive, model, Server};
 
 fn amqp_url() -> String {
-    std::env::var("ABSERVE_TEST_AMQP").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("ABSERVE_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -47,11 +51,30 @@ async fn two_replicas_on_one_postgres_share_experiments_exposures_events_and_res
     let def = json!({"name": "shared", "variants": [
         {"id": "a", "system": "Answer in one word.", "temperature": 0.0, "max_tokens": 1},
         {"id": "b", "system": "Answer in one word.", "temperature": 0.0, "max_tokens": 1}]});
-    assert_eq!(c.post(a.url("/v1/experiments")).json(&def).send().await.unwrap().status(), 201);
+    assert_eq!(
+        c.post(a.url("/v1/experiments"))
+            .json(&def)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     // created on A, routed on B within 10 s
     let deadline = Instant::now() + Duration::from_secs(10);
-    while c.get(b.url("/v1/experiments/shared")).send().await.unwrap().status() != 200 {
-        assert!(Instant::now() < deadline, "B does not know the experiment after 10 s: {}", b.log.lock().unwrap());
+    while c
+        .get(b.url("/v1/experiments/shared"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(
+            Instant::now() < deadline,
+            "B does not know the experiment after 10 s: {}",
+            b.log.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // exposures through both replicas, 20 units each
@@ -70,26 +93,95 @@ async fn two_replicas_on_one_postgres_share_experiments_exposures_events_and_res
         }
     }
     // events through A, one batch; the same batch retried through B is stored once
-    let events: Vec<Value> = units.iter().enumerate().map(|(k, u)| json!({"unit": u, "metric": "score", "value": (k % 5) as f64})).collect();
+    let events: Vec<Value> = units
+        .iter()
+        .enumerate()
+        .map(|(k, u)| json!({"unit": u, "metric": "score", "value": (k % 5) as f64}))
+        .collect();
     let batch = json!({"batch_id": "replicas-1", "events": events});
-    let first: Value = c.post(a.url("/v1/experiments/shared/events")).json(&batch).send().await.unwrap().json().await.unwrap();
+    let first: Value = c
+        .post(a.url("/v1/experiments/shared/events"))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(first["stored"], 40, "{first}");
-    let retry: Value = c.post(b.url("/v1/experiments/shared/events")).json(&batch).send().await.unwrap().json().await.unwrap();
-    assert_eq!((retry["stored"].clone(), retry["duplicate_batch"].clone()), (json!(0), json!(true)), "{retry}");
+    let retry: Value = c
+        .post(b.url("/v1/experiments/shared/events"))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry["stored"].clone(), retry["duplicate_batch"].clone()),
+        (json!(0), json!(true)),
+        "{retry}"
+    );
     // results on B count every replica's exposures and events, and equal A's
-    let ra: Value = c.get(a.url("/v1/experiments/shared/results")).send().await.unwrap().json().await.unwrap();
-    let rb: Value = c.get(b.url("/v1/experiments/shared/results")).send().await.unwrap().json().await.unwrap();
-    let total = |r: &Value, k: &str| r["variants"].as_array().unwrap().iter().map(|v| v[k].as_u64().unwrap()).sum::<u64>();
+    let ra: Value = c
+        .get(a.url("/v1/experiments/shared/results"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rb: Value = c
+        .get(b.url("/v1/experiments/shared/results"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let total = |r: &Value, k: &str| {
+        r["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v[k].as_u64().unwrap())
+            .sum::<u64>()
+    };
     assert_eq!(total(&rb, "units"), 40, "{rb}");
     assert_eq!(total(&rb, "exposures"), 40, "{rb}");
-    let n = |r: &Value| r["variants"].as_array().unwrap().iter().map(|v| v["metrics"]["score"]["summary"]["n"].as_u64().unwrap()).sum::<u64>();
+    let n = |r: &Value| {
+        r["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["metrics"]["score"]["summary"]["n"].as_u64().unwrap())
+            .sum::<u64>()
+    };
     assert_eq!(n(&rb), 40, "every unit's events count: {rb}");
     assert_eq!(ra, rb, "both replicas give the same results");
     // a delete on B stops routing on A
-    assert_eq!(c.delete(b.url("/v1/experiments/shared")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.delete(b.url("/v1/experiments/shared"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while c.get(a.url("/v1/experiments/shared")).send().await.unwrap().status() != 404 {
-        assert!(Instant::now() < deadline, "A still routes a deleted experiment after 10 s");
+    while c
+        .get(a.url("/v1/experiments/shared"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 404
+    {
+        assert!(
+            Instant::now() < deadline,
+            "A still routes a deleted experiment after 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop((a, b));
@@ -135,8 +227,23 @@ struct Worker {
 
 fn worker(queue: &str, extra: &[&str]) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_abserve"))
-        .args(["worker", "--amqp", &amqp_url(), "--queue", queue, "--model", &model().display().to_string()])
-        .args(["--memory-budget", "1GiB", "--context", "512", "--threads", "1"])
+        .args([
+            "worker",
+            "--amqp",
+            &amqp_url(),
+            "--queue",
+            queue,
+            "--model",
+            &model().display().to_string(),
+        ])
+        .args([
+            "--memory-budget",
+            "1GiB",
+            "--context",
+            "512",
+            "--threads",
+            "1",
+        ])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -165,7 +272,9 @@ impl Drop for Worker {
 fn dataset(dir: &Path, rows: usize, poison: bool) -> PathBuf {
     let mut text = String::new();
     for i in 0..rows {
-        text.push_str(&json!({"id": format!("r{i}"), "input": format!("What is {i} plus {i}?")}).to_string());
+        text.push_str(
+            &json!({"id": format!("r{i}"), "input": format!("What is {i} plus {i}?")}).to_string(),
+        );
         text.push('\n');
     }
     if poison {
@@ -183,7 +292,14 @@ fn start_eval(dir: &Path, queue: &str, rows: &Path) -> Child {
     let exp = dir.join("exp.toml");
     std::fs::write(&exp, EXPERIMENT).unwrap();
     Command::new(env!("CARGO_BIN_EXE_abserve"))
-        .args(["eval", exp.to_str().unwrap(), "--dataset", rows.to_str().unwrap(), "--out", dir.join("out").to_str().unwrap()])
+        .args([
+            "eval",
+            exp.to_str().unwrap(),
+            "--dataset",
+            rows.to_str().unwrap(),
+            "--out",
+            dir.join("out").to_str().unwrap(),
+        ])
         .args(["--amqp", &amqp_url(), "--queue", queue])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -192,22 +308,46 @@ fn start_eval(dir: &Path, queue: &str, rows: &Path) -> Child {
 }
 
 fn results(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("out/results.jsonl")).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(dir.join("out/results.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 async fn wait_eval(child: Child, within: Duration) -> (i32, String) {
-    let out = tokio::time::timeout(within, tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()))
-        .await
-        .expect("the eval finishes in time")
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = tokio::time::timeout(
+        within,
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+    )
+    .await
+    .expect("the eval finishes in time")
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.code().unwrap_or(-1), text)
 }
 
 /// Ready and unacknowledged messages of a queue, as RabbitMQ counts them.
 fn queue_counts(queue: &str) -> (u64, u64) {
-    let out = Command::new("rabbitmqctl").args(["-q", "list_queues", "name", "messages_ready", "messages_unacknowledged"]).output().unwrap();
-    assert!(out.status.success(), "rabbitmqctl: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_queues",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rabbitmqctl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() == 3 && f[0] == queue {
@@ -218,14 +358,22 @@ fn queue_counts(queue: &str) -> (u64, u64) {
 }
 
 async fn channel() -> (lapin::Connection, lapin::Channel) {
-    let conn = lapin::Connection::connect(&amqp_url(), Default::default()).await.expect("RabbitMQ reachable (scripts/services.sh)");
+    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+        .await
+        .expect("RabbitMQ reachable (scripts/services.sh)");
     let ch = conn.create_channel().await.unwrap();
     (conn, ch)
 }
 
 async fn message_count(ch: &lapin::Channel, queue: &str) -> u32 {
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    ch.queue_declare(queue, passive, FieldTable::default()).await.unwrap().message_count()
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue, passive, FieldTable::default())
+        .await
+        .unwrap()
+        .message_count()
 }
 
 async fn delete_queues(ch: &lapin::Channel, queue: &str) {
@@ -235,7 +383,14 @@ async fn delete_queues(ch: &lapin::Channel, queue: &str) {
 }
 
 fn pairs(rs: &[Value]) -> Vec<(String, String)> {
-    rs.iter().map(|r| (r["row"].as_str().unwrap().to_string(), r["variant"].as_str().unwrap().to_string())).collect()
+    rs.iter()
+        .map(|r| {
+            (
+                r["row"].as_str().unwrap().to_string(),
+                r["variant"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -262,14 +417,39 @@ async fn eval_over_amqp_survives_a_worker_killed_with_sigkill() {
     let rs = results(&dir);
     let all = pairs(&rs);
     let unique: BTreeSet<_> = all.iter().cloned().collect();
-    assert_eq!(all.len(), 120, "every row × variant exactly once in results.jsonl");
+    assert_eq!(
+        all.len(),
+        120,
+        "every row × variant exactly once in results.jsonl"
+    );
     assert_eq!(unique.len(), 120);
-    assert!(rs.iter().all(|r| r["error"].is_null() && r["output"].is_string()), "all answered");
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("out/summary.json")).unwrap()).unwrap();
-    assert!(summary["variants"].as_array().unwrap().iter().all(|v| v["answered"] == 40), "{summary}");
+    assert!(
+        rs.iter()
+            .all(|r| r["error"].is_null() && r["output"].is_string()),
+        "all answered"
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/summary.json")).unwrap())
+            .unwrap();
+    assert!(
+        summary["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["answered"] == 40),
+        "{summary}"
+    );
     assert!(dir.join("out/report.html").exists());
-    assert_eq!(message_count(&ch, &queue).await, 0, "no job left in the queue");
-    assert_eq!(message_count(&ch, &format!("{queue}.dead")).await, 0, "dead-letter queue empty");
+    assert_eq!(
+        message_count(&ch, &queue).await,
+        0,
+        "no job left in the queue"
+    );
+    assert_eq!(
+        message_count(&ch, &format!("{queue}.dead")).await,
+        0,
+        "dead-letter queue empty"
+    );
     delete_queues(&ch, &queue).await;
 }
 
@@ -289,17 +469,29 @@ async fn a_job_that_always_fails_is_dead_lettered_with_its_error_and_reported() 
     assert_eq!(failed.len(), 3);
     for r in &failed {
         let e = r["error"].as_str().unwrap();
-        assert!(e.contains("failed 2 times") && e.contains("does not fit the context"), "{e}");
+        assert!(
+            e.contains("failed 2 times") && e.contains("does not fit the context"),
+            "{e}"
+        );
         assert_eq!(r["attempts"], 2);
     }
-    assert!(out.contains("too-long") && out.contains("does not fit the context"), "the eval reports it: {out}");
+    assert!(
+        out.contains("too-long") && out.contains("does not fit the context"),
+        "the eval reports it: {out}"
+    );
     // the three jobs wait in the dead-letter queue, each with its error
     let dead = format!("{queue}.dead");
     assert_eq!(message_count(&ch, &dead).await, 3);
-    let m = ch.basic_get(&dead, BasicGetOptions { no_ack: true }).await.unwrap().expect("a dead letter");
+    let m = ch
+        .basic_get(&dead, BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("a dead letter");
     let headers = m.delivery.properties.headers().clone().unwrap();
     match headers.inner().get("x-abserve-error") {
-        Some(AMQPValue::LongString(e)) => assert!(e.to_string().contains("does not fit the context"), "{e}"),
+        Some(AMQPValue::LongString(e)) => {
+            assert!(e.to_string().contains("does not fit the context"), "{e}")
+        }
         other => panic!("no error header: {other:?}"),
     }
     assert_eq!(message_count(&ch, &queue).await, 0);
@@ -317,7 +509,10 @@ async fn a_worker_of_4_slots_never_holds_more_than_4_jobs() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // a passive declare of a queue not yet there closes its channel: one channel per try
-        let q = QueueDeclareOptions { passive: true, ..Default::default() };
+        let q = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
         let probe = conn.create_channel().await.unwrap();
         if let Ok(q) = probe.queue_declare(&queue, q, FieldTable::default()).await {
             if q.message_count() >= 200 {
@@ -343,16 +538,30 @@ async fn a_worker_of_4_slots_never_holds_more_than_4_jobs() {
         backlog_seen |= ready > 20 && unacked > 0;
         samples += 1;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        if let Some(kb) = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)) {
+        if let Some(kb) = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+        {
             most_rss = most_rss.max(kb.parse::<u64>().unwrap() * 1024);
         }
     }
-    let planned = w.planned.lock().unwrap().expect("the worker printed its plan");
+    let planned = w
+        .planned
+        .lock()
+        .unwrap()
+        .expect("the worker printed its plan");
     eprintln!("{samples} samples: at most {most_unacked} unacked; peak RSS {most_rss} of planned {planned}");
     assert!(samples >= 3, "sampled during the run");
     assert!(backlog_seen, "the queue, not the worker, held the backlog");
-    assert!(most_unacked <= 4, "the worker held {most_unacked} unacked deliveries with 4 slots");
-    assert!(most_rss as f64 <= planned as f64 * 1.1, "RSS {most_rss} above plan {planned} + 10%");
+    assert!(
+        most_unacked <= 4,
+        "the worker held {most_unacked} unacked deliveries with 4 slots"
+    );
+    assert!(
+        most_rss as f64 <= planned as f64 * 1.1,
+        "RSS {most_rss} above plan {planned} + 10%"
+    );
     assert_eq!(results(&dir).len(), 201);
     delete_queues(&ch, &queue).await;
 }

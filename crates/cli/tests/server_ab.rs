@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 use support::{kill9, metric, Server};
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
 }
 
 fn two_identical(name: &str) -> Value {
@@ -25,7 +28,12 @@ fn two_identical(name: &str) -> Value {
 }
 
 async fn create(c: &reqwest::Client, s: &Server, def: &Value) -> (u16, Value) {
-    let r = c.post(s.url("/v1/experiments")).json(def).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/experiments"))
+        .json(def)
+        .send()
+        .await
+        .unwrap();
     let st = r.status().as_u16();
     (st, r.json().await.unwrap_or(Value::Null))
 }
@@ -64,7 +72,11 @@ async fn aa_test_shows_nothing_and_a_known_effect_is_detected() {
                 }
             });
             for (unit, variant) in futures::future::join_all(reqs).await {
-                let shift = if name == "effect" && variant == "b" { 1.5 } else { 0.0 };
+                let shift = if name == "effect" && variant == "b" {
+                    1.5
+                } else {
+                    0.0
+                };
                 events.push(json!({"unit": unit, "metric": "satisfaction", "value": noise.sample(&mut rng) + shift}));
             }
         }
@@ -81,30 +93,73 @@ async fn aa_test_shows_nothing_and_a_known_effect_is_detected() {
     let results = |name: &'static str| {
         let c = c.clone();
         let url = s.url(&format!("/v1/experiments/{name}/results"));
-        async move { c.get(url).send().await.unwrap().json::<Value>().await.unwrap() }
+        async move {
+            c.get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
     };
     let aa = results("aa").await;
     assert_eq!(aa["srm"]["mismatch"], false, "{aa}");
-    let units: u64 = aa["variants"].as_array().unwrap().iter().map(|v| v["units"].as_u64().unwrap()).sum();
+    let units: u64 = aa["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["units"].as_u64().unwrap())
+        .sum();
     assert_eq!(units, 200);
-    let p = aa["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"].as_f64().unwrap();
+    let p = aa["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"]
+        .as_f64()
+        .unwrap();
     assert!(p > 0.05, "A/A shows a difference: p = {p}");
     // automatic per-exposure metrics are there too
-    assert!(aa["variants"][0]["metrics"]["latency_ms"]["summary"]["n"].as_u64().unwrap() > 0);
+    assert!(
+        aa["variants"][0]["metrics"]["latency_ms"]["summary"]["n"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     let eff = results("effect").await;
     let cmp = &eff["variants"][1]["metrics"]["satisfaction"]["vs_control"];
-    assert!(cmp["p_value"].as_f64().unwrap() < 0.05, "effect not detected: {cmp}");
+    assert!(
+        cmp["p_value"].as_f64().unwrap() < 0.05,
+        "effect not detected: {cmp}"
+    );
     assert!(cmp["diff"].as_f64().unwrap() > 0.5);
     // the CLI reads the same results from the store
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_abserve"))
-        .args(["experiments", "results", "effect", "--json", "--data-dir", &s.data_dir])
+        .args([
+            "experiments",
+            "results",
+            "effect",
+            "--json",
+            "--data-dir",
+            &s.data_dir,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(cli["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"], cmp["p_value"]);
+    assert_eq!(
+        cli["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"],
+        cmp["p_value"]
+    );
     let table = std::process::Command::new(env!("CARGO_BIN_EXE_abserve"))
-        .args(["experiments", "results", "effect", "--data-dir", &s.data_dir])
+        .args([
+            "experiments",
+            "results",
+            "effect",
+            "--data-dir",
+            &s.data_dir,
+        ])
         .output()
         .unwrap();
     let t = String::from_utf8_lossy(&table.stdout);
@@ -130,7 +185,10 @@ async fn fanout_of_two_identical_variants_is_fair() {
         let v: Value = r.json().await.unwrap();
         let res = v["results"].as_array().unwrap();
         assert_eq!(res.len(), 2);
-        assert_eq!(res[0]["output"], res[1]["output"], "identical greedy variants give the same text");
+        assert_eq!(
+            res[0]["output"], res[1]["output"],
+            "identical greedy variants give the same text"
+        );
         if res[0]["admission_rank"] == 0 {
             a_first += 1;
         }
@@ -154,16 +212,31 @@ async fn acknowledged_events_survive_kill_9_and_are_not_counted_twice() {
     assert_eq!(create(&c, &s, &two_identical("durable")).await.0, 201);
     let mut batches = vec![];
     for b in 0..20 {
-        let events: Vec<Value> = (0..50).map(|i| json!({"unit": format!("u{}", b * 50 + i), "metric": "m", "value": i as f64})).collect();
+        let events: Vec<Value> = (0..50)
+            .map(|i| json!({"unit": format!("u{}", b * 50 + i), "metric": "m", "value": i as f64}))
+            .collect();
         let body = json!({"events": events, "batch_id": format!("batch-{b}")});
-        let r = c.post(s.url("/v1/experiments/durable/events")).json(&body).send().await.unwrap();
+        let r = c
+            .post(s.url("/v1/experiments/durable/events"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         batches.push(body);
     }
     kill9(&mut s);
     let s = Server::start(&["--data-dir", &d]);
     // a retried batch is not stored again
-    let r: Value = c.post(s.url("/v1/experiments/durable/events")).json(&batches[7]).send().await.unwrap().json().await.unwrap();
+    let r: Value = c
+        .post(s.url("/v1/experiments/durable/events"))
+        .json(&batches[7])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["duplicate_batch"], true);
     let store = abserve_ab::Store::open(&dir).await.unwrap();
     assert_eq!(store.count_events("durable").await.unwrap(), 1000);
@@ -210,11 +283,35 @@ async fn an_experiment_capped_at_a_quarter_of_kv_holds_at_most_a_quarter() {
     let mut max_seen = 0.0f64;
     for t in flood {
         assert_eq!(t.await.unwrap(), 200);
-        let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        max_seen = max_seen.max(metric(&m, "abserve_experiment_kv_cells_used{experiment=\"capped\"}").unwrap_or(0.0));
+        let m = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        max_seen = max_seen.max(
+            metric(
+                &m,
+                "abserve_experiment_kv_cells_used{experiment=\"capped\"}",
+            )
+            .unwrap_or(0.0),
+        );
     }
-    let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let peak = metric(&m, "abserve_experiment_kv_cells_peak{experiment=\"capped\"}").unwrap();
+    let m = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let peak = metric(
+        &m,
+        "abserve_experiment_kv_cells_peak{experiment=\"capped\"}",
+    )
+    .unwrap();
     eprintln!("capped experiment: peak {peak} of 1024 KV cells (sampled max {max_seen})");
     assert!(peak > 0.0 && peak <= 256.0, "peak {peak} over 25% of 1024");
 }
@@ -227,7 +324,10 @@ async fn bad_definitions_and_unknown_experiments_are_4xx() {
     dup["variants"][1]["id"] = json!("a");
     let (st, v) = create(&c, &s, &dup).await;
     assert_eq!(st, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("duplicate variant id"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("duplicate variant id"));
     let mut neg = two_identical("neg");
     neg["variants"][0]["weight"] = json!(-1);
     assert_eq!(create(&c, &s, &neg).await.0, 400);
@@ -247,8 +347,23 @@ async fn bad_definitions_and_unknown_experiments_are_4xx() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(c.get(s.url("/v1/experiments/nope/results")).send().await.unwrap().status(), 404);
-    assert_eq!(c.post(s.url("/v1/experiments/nope/events")).json(&json!({"unit": "u", "metric": "m", "value": 1})).send().await.unwrap().status(), 404);
+    assert_eq!(
+        c.get(s.url("/v1/experiments/nope/results"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        c.post(s.url("/v1/experiments/nope/events"))
+            .json(&json!({"unit": "u", "metric": "m", "value": 1}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     // forced variant for QA
     let r = c
         .post(s.url("/v1/chat/completions"))
@@ -260,10 +375,34 @@ async fn bad_definitions_and_unknown_experiments_are_4xx() {
     assert_eq!(r.headers()["x-abserve-variant"], "b");
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["abserve"]["forced"], true);
-    let res: Value = c.get(s.url("/v1/experiments/ok/results")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(res["variants"][1]["units"], 0, "forced exposures are excluded from stats");
+    let res: Value = c
+        .get(s.url("/v1/experiments/ok/results"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        res["variants"][1]["units"], 0,
+        "forced exposures are excluded from stats"
+    );
     // still serving
     assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
-    assert_eq!(c.delete(s.url("/v1/experiments/ok")).send().await.unwrap().status(), 200);
-    assert_eq!(c.get(s.url("/v1/experiments/ok")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        c.delete(s.url("/v1/experiments/ok"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(s.url("/v1/experiments/ok"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
 }

@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use support::{metric, Server, MODEL_ID};
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
 
 async fn post(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
@@ -41,7 +44,14 @@ async fn sse(r: reqwest::Response) -> Vec<String> {
 async fn chat_completions_models_streaming_seed_stop_and_n() {
     let s = Server::start(&[]);
     let c = client();
-    let models: Value = c.get(s.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    let models: Value = c
+        .get(s.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL_ID);
 
     let (st, v) = post(
@@ -53,16 +63,30 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
-    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty(), "{v}");
+    assert!(
+        !v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{v}"
+    );
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     let u = &v["usage"];
-    assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
 
     // the same seed gives the same text twice
     let seeded = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 1.0, "seed": 42});
-    let a = post(&c, &s.url("/v1/chat/completions"), seeded.clone()).await.1;
+    let a = post(&c, &s.url("/v1/chat/completions"), seeded.clone())
+        .await
+        .1;
     let b = post(&c, &s.url("/v1/chat/completions"), seeded).await.1;
-    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
 
     // stop string: the text ends before it
     let (_, v) = post(
@@ -82,7 +106,12 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 3}),
     )
     .await;
-    let idx: Vec<u64> = v["choices"].as_array().unwrap().iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    let idx: Vec<u64> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
     assert_eq!(idx, vec![0, 1, 2]);
 
     // streaming with usage, shaped as OpenAI sends it
@@ -94,25 +123,42 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let data = sse(r).await;
     assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
-    let finish: Vec<&Value> = chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| !c["choices"][0]["finish_reason"].is_null())
+        .collect();
     assert_eq!(finish.len(), 1);
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
     assert_eq!(usage["usage"]["completion_tokens"], 12);
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
     let (_, whole) = post(
         &c,
         &s.url("/v1/chat/completions"),
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12, "temperature": 0}),
     )
     .await;
-    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
 
     // logprobs
     let (_, v) = post(
@@ -126,8 +172,22 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
     assert_eq!(lp[0]["top_logprobs"].as_array().unwrap().len(), 2);
 
     // metrics count what happened
-    let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metric(&m, "abserve_requests_total{endpoint=\"chat_completions\",status=\"200\"}").unwrap() >= 6.0);
+    let m = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metric(
+            &m,
+            "abserve_requests_total{endpoint=\"chat_completions\",status=\"200\"}"
+        )
+        .unwrap()
+            >= 6.0
+    );
     assert!(metric(&m, "process_resident_memory_bytes").unwrap() > 0.0);
     assert!(metric(&m, "abserve_generated_tokens_total").unwrap() > 0.0);
 }
@@ -137,13 +197,30 @@ async fn api_key_is_required_on_v1_only() {
     let s = Server::start(&["--api-key", "sekret"]);
     let c = client();
     let body = json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2});
-    let r = c.post(s.url("/v1/completions")).json(&body).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "invalid_api_key");
-    let r = c.post(s.url("/v1/completions")).bearer_auth("wrong!").json(&body).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/completions"))
+        .bearer_auth("wrong!")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let r = c.post(s.url("/v1/completions")).bearer_auth("sekret").json(&body).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/completions"))
+        .bearer_auth("sekret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
     assert_eq!(c.get(s.url("/ready")).send().await.unwrap().status(), 200);
@@ -159,7 +236,14 @@ async fn ready_runs_a_probe_and_reports_the_plan() {
     assert_eq!(v["status"], "ready");
     assert!(v["probe_latency_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(v["plan"]["kv_cells"], 4096);
-    let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let m = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     // the probe went through the engine: one generated token at least
     assert!(metric(&m, "abserve_generated_tokens_total").unwrap() >= 1.0);
 }
@@ -168,8 +252,20 @@ async fn ready_runs_a_probe_and_reports_the_plan() {
 async fn metrics_pass_promtool() {
     let s = Server::start(&[]);
     let c = client();
-    post(&c, &s.url("/v1/completions"), json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3})).await;
-    let text = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    post(
+        &c,
+        &s.url("/v1/completions"),
+        json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}),
+    )
+    .await;
+    let text = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for name in [
         "abserve_memory_budget_bytes",
         "abserve_memory_planned_bytes{component=\"weights\"}",
@@ -200,7 +296,12 @@ async fn metrics_pass_promtool() {
         .spawn()
         .expect("promtool (Debian package prometheus) must be installed: scripts/setup.sh does it");
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),

@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 use support::{metric, Server, MODEL_ID};
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
 
 fn experiment(name: &str, variants: Value) -> Value {
@@ -19,7 +22,10 @@ fn experiment(name: &str, variants: Value) -> Value {
 }
 
 /// Polls `/health` every 50 ms while `work` runs; returns the slowest answer.
-async fn slowest_health_while<F: std::future::Future>(s: &Server, work: F) -> (Duration, F::Output) {
+async fn slowest_health_while<F: std::future::Future>(
+    s: &Server,
+    work: F,
+) -> (Duration, F::Output) {
     let c = client();
     let url = s.url("/health");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -47,26 +53,56 @@ async fn slowest_health_while<F: std::future::Future>(s: &Server, work: F) -> (D
 async fn finding1_a_template_that_renders_100_mb_is_refused_and_health_stays_fast() {
     let s = Server::start(&[]);
     let c = client();
-    let bomb = experiment("bomb", json!([{"id": "a", "template": "{{ 'x' * 100000000 }}"}, {"id": "b"}]));
-    let loops = experiment("loops", json!([{"id": "a", "template": "{% for i in range(100000) %}{% for j in range(1000) %}{{ input }}{% endfor %}{% endfor %}"}, {"id": "b"}]));
+    let bomb = experiment(
+        "bomb",
+        json!([{"id": "a", "template": "{{ 'x' * 100000000 }}"}, {"id": "b"}]),
+    );
+    let loops = experiment(
+        "loops",
+        json!([{"id": "a", "template": "{% for i in range(100000) %}{% for j in range(1000) %}{{ input }}{% endfor %}{% endfor %}"}, {"id": "b"}]),
+    );
     let (worst, statuses) = slowest_health_while(&s, async {
         let tries = (0..4).map(|i| {
-            let body = if i % 2 == 0 { bomb.clone() } else { loops.clone() };
+            let body = if i % 2 == 0 {
+                bomb.clone()
+            } else {
+                loops.clone()
+            };
             c.post(s.url("/v1/experiments")).json(&body).send()
         });
-        futures::future::join_all(tries).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
+        futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().status().as_u16())
+            .collect::<Vec<_>>()
     })
     .await;
-    assert_eq!(statuses, [400, 400, 400, 400], "hostile templates are refused at creation");
-    assert!(worst < Duration::from_secs(1), "/health took {worst:?} while templates rendered");
-    assert_eq!(c.get(s.url("/v1/experiments/bomb")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        statuses,
+        [400, 400, 400, 400],
+        "hostile templates are refused at creation"
+    );
+    assert!(
+        worst < Duration::from_secs(1),
+        "/health took {worst:?} while templates rendered"
+    );
+    assert_eq!(
+        c.get(s.url("/v1/experiments/bomb"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn finding2_twenty_thousand_messages_are_refused_and_health_stays_fast() {
     let s = Server::start(&[]);
     let c = client();
-    let messages: Vec<Value> = (0..20_000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"})).collect();
+    let messages: Vec<Value> = (0..20_000)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"}))
+        .collect();
     let body = json!({"model": MODEL_ID, "messages": messages, "max_tokens": 1});
     let (worst, answers) = slowest_health_while(&s, async {
         let tries = (0..4).map(|_| c.post(s.url("/v1/chat/completions")).json(&body).send());
@@ -81,9 +117,15 @@ async fn finding2_twenty_thousand_messages_are_refused_and_health_stays_fast() {
     for (status, body) in answers {
         assert_eq!(status, 400);
         assert_eq!(body["error"]["param"], "messages");
-        assert!(body["error"]["message"].as_str().unwrap().contains("1024"), "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("1024"),
+            "{body}"
+        );
     }
-    assert!(worst < Duration::from_secs(1), "/health took {worst:?} during the hostile requests");
+    assert!(
+        worst < Duration::from_secs(1),
+        "/health took {worst:?} during the hostile requests"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -101,15 +143,37 @@ async fn finding3_variant_settings_are_checked_by_the_request_rules_when_created
     ];
     for (i, (settings, param)) in cases.into_iter().enumerate() {
         let mut a = json!({"id": "a"});
-        a.as_object_mut().unwrap().extend(settings.as_object().unwrap().clone());
-        let r = c.post(s.url("/v1/experiments")).json(&experiment(&format!("e{i}"), json!([a, {"id": "b"}]))).send().await.unwrap();
+        a.as_object_mut()
+            .unwrap()
+            .extend(settings.as_object().unwrap().clone());
+        let r = c
+            .post(s.url("/v1/experiments"))
+            .json(&experiment(&format!("e{i}"), json!([a, {"id": "b"}])))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400, "{settings}");
         let body: Value = r.json().await.unwrap();
-        assert_eq!(body["error"]["param"], format!("variants.a.{param}"), "{settings}: {body}");
+        assert_eq!(
+            body["error"]["param"],
+            format!("variants.a.{param}"),
+            "{settings}: {body}"
+        );
     }
     // a variant that passes is served
-    let ok = experiment("fine", json!([{"id": "a", "temperature": 0.5, "stop": ["\n"], "max_tokens": 4}, {"id": "b"}]));
-    assert_eq!(c.post(s.url("/v1/experiments")).json(&ok).send().await.unwrap().status(), 201);
+    let ok = experiment(
+        "fine",
+        json!([{"id": "a", "temperature": 0.5, "stop": ["\n"], "max_tokens": 4}, {"id": "b"}]),
+    );
+    assert_eq!(
+        c.post(s.url("/v1/experiments"))
+            .json(&ok)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     let r = c
         .post(s.url("/v1/chat/completions"))
         .header("x-abserve-variant", "a")
@@ -126,12 +190,34 @@ async fn finding4_cross_site_writes_are_refused_and_cors_is_off_unless_allowed()
     let c = client();
     let body = experiment("csrf", json!([{"id": "a"}, {"id": "b"}])).to_string();
     // what a page elsewhere can send without a preflight: a text/plain form post
-    let r = c.post(s.url("/v1/experiments")).header("content-type", "text/plain").body(body.clone()).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/experiments"))
+        .header("content-type", "text/plain")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 415);
-    assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("application/json"));
-    assert_eq!(c.get(s.url("/v1/experiments/csrf")).send().await.unwrap().status(), 404, "nothing was created");
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("application/json"));
+    assert_eq!(
+        c.get(s.url("/v1/experiments/csrf"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404,
+        "nothing was created"
+    );
     let events = json!([{"unit": "u", "metric": "m", "value": 1}]).to_string();
-    let r = c.post(s.url("/v1/experiments/csrf/events")).body(events).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/experiments/csrf/events"))
+        .body(events)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 415);
     // the preflight a JSON post needs gets no CORS permission
     let pre = c
@@ -154,8 +240,16 @@ async fn finding4_cross_site_writes_are_refused_and_cors_is_off_unless_allowed()
             .send()
     };
     let ok = pre("http://dash.example").await.unwrap();
-    assert_eq!(ok.headers()["access-control-allow-origin"], "http://dash.example");
-    assert!(pre("http://evil.example").await.unwrap().headers().get("access-control-allow-origin").is_none());
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://dash.example"
+    );
+    assert!(pre("http://evil.example")
+        .await
+        .unwrap()
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -163,9 +257,22 @@ async fn finding5_random_paths_do_not_grow_the_metrics() {
     let s = Server::start(&["--api-key", "k"]);
     let c = client();
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
-    let get_metrics = || async { c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap() };
+    let get_metrics = || async {
+        c.get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
     // one of each kind first, so every label that can appear exists
-    for p in ["/v1/nope", "/nope", "/v1/experiments/w", "/v1/experiments/w/results"] {
+    for p in [
+        "/v1/nope",
+        "/nope",
+        "/v1/experiments/w",
+        "/v1/experiments/w/results",
+    ] {
         c.get(s.url(p)).send().await.unwrap();
     }
     c.get(s.url("/v1/models")).send().await.unwrap();
@@ -186,9 +293,27 @@ async fn finding5_random_paths_do_not_grow_the_metrics() {
         }
     }
     let after = get_metrics().await;
-    assert_eq!(series(&after), series(&before), "the number of series is constant");
-    assert!(metric(&after, "abserve_requests_total{endpoint=\"experiments_name\",status=\"401\"}").unwrap() >= 1000.0);
-    assert!(metric(&after, "abserve_requests_total{endpoint=\"unmatched\",status=\"404\"}").unwrap() >= 1000.0);
+    assert_eq!(
+        series(&after),
+        series(&before),
+        "the number of series is constant"
+    );
+    assert!(
+        metric(
+            &after,
+            "abserve_requests_total{endpoint=\"experiments_name\",status=\"401\"}"
+        )
+        .unwrap()
+            >= 1000.0
+    );
+    assert!(
+        metric(
+            &after,
+            "abserve_requests_total{endpoint=\"unmatched\",status=\"404\"}"
+        )
+        .unwrap()
+            >= 1000.0
+    );
     assert!(!after.contains("x10"), "no raw path is a label");
     assert!(after.len() < 2 * before.len());
 }
@@ -214,9 +339,16 @@ async fn finding6_slow_clients_are_closed_and_shutdown_ends_within_the_drain_tim
     let addr = s.base.trim_start_matches("http://").to_string();
     // half a request line, never finished: closed after the header-read timeout
     let mut loris = TcpStream::connect(&addr).unwrap();
-    loris.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
-    let closed = tokio::task::spawn_blocking(move || time_to_close(loris, Duration::from_secs(20))).await.unwrap();
-    assert!(closed.is_some_and(|d| d < Duration::from_secs(10)), "a half-sent head was not closed: {closed:?}");
+    loris
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let closed = tokio::task::spawn_blocking(move || time_to_close(loris, Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(
+        closed.is_some_and(|d| d < Duration::from_secs(10)),
+        "a half-sent head was not closed: {closed:?}"
+    );
     // headers without the body they announce hold a request open; SIGTERM still ends the process
     let mut half = TcpStream::connect(&addr).unwrap();
     half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{").unwrap();
@@ -230,9 +362,16 @@ async fn finding6_slow_clients_are_closed_and_shutdown_ends_within_the_drain_tim
     .unwrap();
     let (code, s) = code;
     assert_eq!(code, Some(0));
-    assert!(t.elapsed() < Duration::from_secs(10), "exit took {:?} with --drain-timeout 2", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "exit took {:?} with --drain-timeout 2",
+        t.elapsed()
+    );
     let log = s.log.lock().unwrap().clone();
-    assert!(log.contains("drain timeout of 2s reached: cutting 1 open connections"), "{log}");
+    assert!(
+        log.contains("drain timeout of 2s reached: cutting 1 open connections"),
+        "{log}"
+    );
     drop(half);
 }
 
@@ -240,34 +379,105 @@ async fn finding6_slow_clients_are_closed_and_shutdown_ends_within_the_drain_tim
 async fn finding7_a_fanout_is_queued_whole_or_refused_with_the_reason() {
     let s = Server::start(&["--max-sequences", "4", "--max-queue", "4"]);
     let c = client();
-    let variants = |n: usize| Value::Array((0..n).map(|i| json!({"id": format!("v{i}"), "max_tokens": 3})).collect());
-    assert_eq!(c.post(s.url("/v1/experiments")).json(&experiment("wide", variants(10))).send().await.unwrap().status(), 201);
-    assert_eq!(c.post(s.url("/v1/experiments")).json(&experiment("six", variants(6))).send().await.unwrap().status(), 201);
-    let r = c.post(s.url("/v1/experiments/wide/fanout")).json(&json!({"input": "Hi"})).send().await.unwrap();
-    assert_eq!(r.status(), 400, "10 variants never fit 4 slots + 4 queued: not a 429 to retry forever");
+    let variants = |n: usize| {
+        Value::Array(
+            (0..n)
+                .map(|i| json!({"id": format!("v{i}"), "max_tokens": 3}))
+                .collect(),
+        )
+    };
+    assert_eq!(
+        c.post(s.url("/v1/experiments"))
+            .json(&experiment("wide", variants(10)))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(
+        c.post(s.url("/v1/experiments"))
+            .json(&experiment("six", variants(6)))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let r = c
+        .post(s.url("/v1/experiments/wide/fanout"))
+        .json(&json!({"input": "Hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        400,
+        "10 variants never fit 4 slots + 4 queued: not a 429 to retry forever"
+    );
     let body: Value = r.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("4 sequence slots + 4 queued"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4 sequence slots + 4 queued"),
+        "{body}"
+    );
     // six fit the slots and the queue: accepted whole, every variant answers
-    let r = c.post(s.url("/v1/experiments/six/fanout")).json(&json!({"input": "Hi"})).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/experiments/six/fanout"))
+        .json(&json!({"input": "Hi"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let f: Value = r.json().await.unwrap();
     let results = f["results"].as_array().unwrap();
     assert_eq!(results.len(), 6);
-    assert!(results.iter().all(|x| x["error"].is_null() && x["completion_tokens"].as_u64() >= Some(1)), "{f}");
+    assert!(
+        results
+            .iter()
+            .all(|x| x["error"].is_null() && x["completion_tokens"].as_u64() >= Some(1)),
+        "{f}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn finding8_events_in_the_documented_list_form_are_accepted() {
     let s = Server::start(&[]);
     let c = client();
-    assert_eq!(c.post(s.url("/v1/experiments")).json(&experiment("ev", json!([{"id": "a"}, {"id": "b"}]))).send().await.unwrap().status(), 201);
+    assert_eq!(
+        c.post(s.url("/v1/experiments"))
+            .json(&experiment("ev", json!([{"id": "a"}, {"id": "b"}])))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     let list = json!([{"unit": "u1", "metric": "clicks", "value": 1}, {"unit": "u2", "metric": "clicks", "value": 0}]);
-    let r = c.post(s.url("/v1/experiments/ev/events")).json(&list).send().await.unwrap();
+    let r = c
+        .post(s.url("/v1/experiments/ev/events"))
+        .json(&list)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let b: Value = r.json().await.unwrap();
-    assert_eq!((b["accepted"].as_u64(), b["stored"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(
+        (b["accepted"].as_u64(), b["stored"].as_u64()),
+        (Some(2), Some(2))
+    );
     let one = json!({"unit": "u3", "metric": "clicks", "value": 1});
-    assert_eq!(c.post(s.url("/v1/experiments/ev/events")).json(&one).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(s.url("/v1/experiments/ev/events"))
+            .json(&one)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -283,24 +493,74 @@ async fn finding9_the_experiments_file_wins_at_start_unless_stored_definitions_a
     let weights = |s: &Server| {
         let url = s.url("/v1/experiments/p");
         let c = c.clone();
-        async move { c.get(url).send().await.unwrap().json::<Value>().await.unwrap()["variants"][1]["weight"].as_f64().unwrap() }
+        async move {
+            c.get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()["variants"][1]["weight"]
+                .as_f64()
+                .unwrap()
+        }
     };
     let changed = json!({"name": "p", "variants": [{"id": "a"}, {"id": "b", "weight": 3}]});
     {
         let s = Server::start(&["--experiments", &file_s, "--data-dir", &data_s]);
-        assert_eq!(c.put(s.url("/v1/experiments/p")).json(&changed).send().await.unwrap().status(), 200);
+        assert_eq!(
+            c.put(s.url("/v1/experiments/p"))
+                .json(&changed)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
         assert_eq!(weights(&s).await, 3.0);
     }
     {
         let s = Server::start(&["--experiments", &file_s, "--data-dir", &data_s]);
-        assert_eq!(weights(&s).await, 1.0, "by default the file's definition wins at start");
-        assert!(s.log.lock().unwrap().contains("replacing stored definitions"), "and the log says so");
-        assert_eq!(c.put(s.url("/v1/experiments/p")).json(&changed).send().await.unwrap().status(), 200);
+        assert_eq!(
+            weights(&s).await,
+            1.0,
+            "by default the file's definition wins at start"
+        );
+        assert!(
+            s.log
+                .lock()
+                .unwrap()
+                .contains("replacing stored definitions"),
+            "and the log says so"
+        );
+        assert_eq!(
+            c.put(s.url("/v1/experiments/p"))
+                .json(&changed)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
     }
     {
-        let s = Server::start(&["--experiments", &file_s, "--data-dir", &data_s, "--keep-stored-experiments"]);
-        assert_eq!(weights(&s).await, 3.0, "--keep-stored-experiments keeps the HTTP change");
-        assert!(s.log.lock().unwrap().contains("kept the stored definitions of [\"p\"]"));
+        let s = Server::start(&[
+            "--experiments",
+            &file_s,
+            "--data-dir",
+            &data_s,
+            "--keep-stored-experiments",
+        ]);
+        assert_eq!(
+            weights(&s).await,
+            3.0,
+            "--keep-stored-experiments keeps the HTTP change"
+        );
+        assert!(s
+            .log
+            .lock()
+            .unwrap()
+            .contains("kept the stored definitions of [\"p\"]"));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -312,8 +572,14 @@ impl Tmpfs {
     fn mount(size: &str) -> Tmpfs {
         let dir = std::env::temp_dir().join(format!("abserve-tmpfs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&dir).status();
-        assert!(st.as_ref().is_ok_and(|s| s.success()), "mounting a tmpfs needs root (CI runs as root): {st:?}");
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status();
+        assert!(
+            st.as_ref().is_ok_and(|s| s.success()),
+            "mounting a tmpfs needs root (CI runs as root): {st:?}"
+        );
         Tmpfs(dir)
     }
 }
@@ -336,45 +602,99 @@ fn fill(path: &std::path::Path) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_inference_keeps_serving() {
+async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_inference_keeps_serving(
+) {
     let fs = Tmpfs::mount("8m");
     let data = fs.0.join("data").display().to_string();
     let c = client();
     let batch = |id: &str, n: usize| {
-        let events: Vec<Value> = (0..n).map(|i| json!({"unit": format!("u{i}"), "metric": "score", "value": i as f64})).collect();
+        let events: Vec<Value> = (0..n)
+            .map(|i| json!({"unit": format!("u{i}"), "metric": "score", "value": i as f64}))
+            .collect();
         json!({"batch_id": id, "events": events})
     };
     let post_events = |s: &Server, body: Value| {
-        let r = c.post(s.url("/v1/experiments/full/events")).json(&body).send();
+        let r = c
+            .post(s.url("/v1/experiments/full/events"))
+            .json(&body)
+            .send();
         async move {
             let r = r.await.unwrap();
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }
     };
     let s = Server::start(&["--data-dir", &data]);
-    assert_eq!(c.post(s.url("/v1/experiments")).json(&experiment("full", json!([{"id": "a"}, {"id": "b"}]))).send().await.unwrap().status(), 201);
+    assert_eq!(
+        c.post(s.url("/v1/experiments"))
+            .json(&experiment("full", json!([{"id": "a"}, {"id": "b"}])))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     assert_eq!(post_events(&s, batch("b1", 100)).await.0, 200);
     let filler = fs.0.join("filler");
     fill(&filler);
     // the disk is full: writes are refused with the reason, nothing half-written
     let (status, body) = post_events(&s, batch("b2", 10_000)).await;
     assert_eq!(status, 507, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("full"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("full"),
+        "{body}"
+    );
     let (status, _) = post_events(&s, batch("b3", 10_000)).await;
     assert_eq!(status, 507);
     // a small write may still fit in file space SQLite's WAL already holds (the refused batches'
     // frames are reused): then it is acknowledged and must last; otherwise it is refused
-    let more = c.post(s.url("/v1/experiments")).json(&experiment("more", json!([{"id": "a"}, {"id": "b"}]))).send().await.unwrap().status().as_u16();
+    let more = c
+        .post(s.url("/v1/experiments"))
+        .json(&experiment("more", json!([{"id": "a"}, {"id": "b"}])))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
     assert!(matches!(more, 201 | 507 | 503), "{more}");
     // inference keeps serving, on the plain model and through the experiment
     let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "user": "u1"});
-    assert_eq!(c.post(s.url("/v1/chat/completions")).json(&chat(MODEL_ID)).send().await.unwrap().status(), 200);
-    let r = c.post(s.url("/v1/chat/completions")).json(&chat("experiment:full")).send().await.unwrap();
+    assert_eq!(
+        c.post(s.url("/v1/chat/completions"))
+            .json(&chat(MODEL_ID))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat("experiment:full"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     // the answer says whether its exposure was stored
-    let exposed = r.json::<Value>().await.unwrap()["abserve"]["in_experiment"].as_bool().unwrap();
-    assert_eq!(c.get(s.url("/v1/experiments/full/results")).send().await.unwrap().status(), 200, "reads still work");
-    let m = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let exposed = r.json::<Value>().await.unwrap()["abserve"]["in_experiment"]
+        .as_bool()
+        .unwrap();
+    assert_eq!(
+        c.get(s.url("/v1/experiments/full/results"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "reads still work"
+    );
+    let m = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metric(&m, "abserve_store_errors_total{operation=\"events\"}").unwrap() >= 2.0);
     if !exposed {
         assert!(metric(&m, "abserve_store_errors_total{operation=\"exposure\"}").unwrap() >= 1.0);
@@ -382,21 +702,58 @@ async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_infe
     // space returns: writes succeed again
     std::fs::remove_file(&filler).unwrap();
     let (status, body) = post_events(&s, batch("b2", 10_000)).await;
-    assert_eq!((status, body["stored"].as_u64()), (200, Some(10_000)), "{body}");
+    assert_eq!(
+        (status, body["stored"].as_u64()),
+        (200, Some(10_000)),
+        "{body}"
+    );
     drop(s);
     // every acknowledged batch survived a restart (a repeat is recognised, nothing counted twice)
     let s = Server::start(&["--data-dir", &data]);
     for id in ["b1", "b2"] {
         let n = if id == "b1" { 100 } else { 10_000 };
         let (status, body) = post_events(&s, batch(id, n)).await;
-        assert_eq!((status, body["duplicate_batch"].as_bool()), (200, Some(true)), "{id}: {body}");
+        assert_eq!(
+            (status, body["duplicate_batch"].as_bool()),
+            (200, Some(true)),
+            "{id}: {body}"
+        );
     }
     let (status, body) = post_events(&s, batch("b3", 10)).await;
-    assert_eq!((status, body["stored"].as_u64()), (200, Some(10)), "b3 was refused, never stored: {body}");
+    assert_eq!(
+        (status, body["stored"].as_u64()),
+        (200, Some(10)),
+        "b3 was refused, never stored: {body}"
+    );
     // what was acknowledged during the full disk is there, what was refused is not
-    let got = c.get(s.url("/v1/experiments/more")).send().await.unwrap().status().as_u16();
-    assert_eq!(got, if more == 201 { 200 } else { 404 }, "experiment 'more' answered {more} when the disk was full");
-    let results: Value = c.get(s.url("/v1/experiments/full/results")).send().await.unwrap().json().await.unwrap();
-    let units: u64 = results["variants"].as_array().unwrap().iter().map(|v| v["units"].as_u64().unwrap()).sum();
-    assert_eq!(units, exposed as u64, "the exposure counts exactly when its answer said so: {results}");
+    let got = c
+        .get(s.url("/v1/experiments/more"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    assert_eq!(
+        got,
+        if more == 201 { 200 } else { 404 },
+        "experiment 'more' answered {more} when the disk was full"
+    );
+    let results: Value = c
+        .get(s.url("/v1/experiments/full/results"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let units: u64 = results["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["units"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        units, exposed as u64,
+        "the exposure counts exactly when its answer said so: {results}"
+    );
 }

@@ -10,11 +10,20 @@ use serde_json::{json, Value};
 use support::{metric, Server, MODEL_ID};
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
 
 async fn metrics(c: &reqwest::Client, s: &Server) -> String {
-    c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap()
+    c.get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 enum Body {
@@ -85,15 +94,36 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         let status = r.status().as_u16();
         let v: Value = r.json().await.unwrap_or(Value::Null);
         assert_eq!(status, want, "{name}: got {status} {v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{name}: OpenAI error shape: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{name}: OpenAI error shape: {v}"
+        );
         assert!(v["error"]["type"].is_string(), "{name}: {v}");
     }
     // missing and wrong auth
-    let r = c.post(s.url(chat)).json(&json!({"model": MODEL_ID, "messages": m("x")})).send().await.unwrap();
+    let r = c
+        .post(s.url(chat))
+        .json(&json!({"model": MODEL_ID, "messages": m("x")}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     // wrong method and unknown path
-    assert_eq!(c.get(s.url(chat)).bearer_auth("k").send().await.unwrap().status(), 405);
-    assert_eq!(c.get(s.url("/v2/nothing")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        c.get(s.url(chat))
+            .bearer_auth("k")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        405
+    );
+    assert_eq!(
+        c.get(s.url("/v2/nothing")).send().await.unwrap().status(),
+        404
+    );
     // the too-long prompt's message names the numbers
     let r = c
         .post(s.url(chat))
@@ -104,7 +134,10 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         .unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("512"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("512"),
+        "{v}"
+    );
     // still serving
     let r = c
         .post(s.url(chat))
@@ -115,24 +148,47 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         .unwrap();
     assert_eq!(r.status(), 200);
     let text = metrics(&c, &s).await;
-    assert_eq!(metric(&text, "abserve_requests_total{endpoint=\"chat_completions\",status=\"500\"}"), None);
+    assert_eq!(
+        metric(
+            &text,
+            "abserve_requests_total{endpoint=\"chat_completions\",status=\"500\"}"
+        ),
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
-    let s = Server::start(&["--max-queue", "2", "--max-sequences", "4", "--queue-timeout", "60"]);
+    let s = Server::start(&[
+        "--max-queue",
+        "2",
+        "--max-sequences",
+        "4",
+        "--queue-timeout",
+        "60",
+    ]);
     let c = client();
     // one request first, so that the compute buffers are touched before "idle" is measured
-    let warm = c.post(s.url("/v1/completions")).json(&json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4})).send().await.unwrap();
+    let warm = c
+        .post(s.url("/v1/completions"))
+        .json(&json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(warm.status(), 200);
     // the answer can reach the client a step before the engine frees its cells: wait for idle
     let deadline = Instant::now() + Duration::from_secs(10);
     let idle = loop {
         let m = metrics(&c, &s).await;
-        if metric(&m, "abserve_requests_running") == Some(0.0) && metric(&m, "abserve_kv_cells_used") == Some(0.0) {
+        if metric(&m, "abserve_requests_running") == Some(0.0)
+            && metric(&m, "abserve_kv_cells_used") == Some(0.0)
+        {
             break m;
         }
-        assert!(Instant::now() < deadline, "the warm-up request did not leave the engine idle");
+        assert!(
+            Instant::now() < deadline,
+            "the warm-up request did not leave the engine idle"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let idle_kv = metric(&idle, "abserve_kv_cells_used").unwrap();
@@ -182,12 +238,21 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
         let kv = metric(&m, "abserve_kv_cells_used").unwrap();
         let running = metric(&m, "abserve_requests_running").unwrap();
         if kv == idle_kv && running == 0.0 {
-            assert!(metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap() >= limited as f64);
+            assert!(
+                metric(&m, "abserve_rejections_total{reason=\"queue_full\"}").unwrap()
+                    >= limited as f64
+            );
             let rss = metric(&m, "process_resident_memory_bytes").unwrap();
-            assert!(rss <= idle_rss * 1.10, "RSS {rss} did not return near idle {idle_rss}");
+            assert!(
+                rss <= idle_rss * 1.10,
+                "RSS {rss} did not return near idle {idle_rss}"
+            );
             break;
         }
-        assert!(Instant::now() < deadline, "KV {kv} / running {running} did not return to idle");
+        assert!(
+            Instant::now() < deadline,
+            "KV {kv} / running {running} did not return to idle"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -226,7 +291,10 @@ async fn dropping_ten_streams_frees_their_cells() {
             assert_eq!(metric(&m, "abserve_requests_running").unwrap(), 0.0);
             break;
         }
-        assert!(Instant::now() < deadline, "cells not freed after the clients left");
+        assert!(
+            Instant::now() < deadline,
+            "cells not freed after the clients left"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -262,7 +330,12 @@ async fn sigterm_during_eight_streams_lets_them_finish_and_exits_zero() {
     if let Ok(r) = c.get(&url).send().await {
         assert_eq!(r.status(), 503);
     }
-    if let Ok(r) = c.post(&new_req).json(&json!({"model": MODEL_ID, "prompt": "x", "max_tokens": 2})).send().await {
+    if let Ok(r) = c
+        .post(&new_req)
+        .json(&json!({"model": MODEL_ID, "prompt": "x", "max_tokens": 2}))
+        .send()
+        .await
+    {
         assert_eq!(r.status(), 503);
     }
     for t in tasks {

@@ -23,19 +23,34 @@ fn vulkan_bin() -> &'static str {
 /// The CPU build, for the reference answers.
 fn cpu_bin() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/abserve");
-    assert!(p.exists(), "the CPU build is missing at {} (cargo build --release)", p.display());
+    assert!(
+        p.exists(),
+        "the CPU build is missing at {} (cargo build --release)",
+        p.display()
+    );
     p
 }
 
 fn run(bin: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new(bin).args(args).output().unwrap();
-    assert!(out.status.success(), "{} {args:?}: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn vulkan_device() -> String {
-    let v: Value = serde_json::from_str(&run(vulkan_bin().as_ref(), &["devices", "--json"])).unwrap();
-    let d = v.as_array().unwrap().iter().find(|d| d["backend"] == "Vulkan").unwrap_or_else(|| panic!("no Vulkan device listed: {v}"));
+    let v: Value =
+        serde_json::from_str(&run(vulkan_bin().as_ref(), &["devices", "--json"])).unwrap();
+    let d = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["backend"] == "Vulkan")
+        .unwrap_or_else(|| panic!("no Vulkan device listed: {v}"));
     assert!(d["total_bytes"].as_u64().unwrap() > 0, "{d}");
     d["name"].as_str().unwrap().to_string()
 }
@@ -55,8 +70,24 @@ fn the_vulkan_device_is_listed() {
 #[test]
 fn greedy_tokens_agree_with_the_cpu_build_until_a_close_call() {
     let m = model().display().to_string();
-    let prompts = ["The capital of France is", "Once upon a time", "The three primary colors are", "Water boils at"];
-    let mut args = vec!["generate", "--model", &m, "--context", "512", "--max-tokens", "16", "--json", "--threads", "2"];
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "The three primary colors are",
+        "Water boils at",
+    ];
+    let mut args = vec![
+        "generate",
+        "--model",
+        &m,
+        "--context",
+        "512",
+        "--max-tokens",
+        "16",
+        "--json",
+        "--threads",
+        "2",
+    ];
     for p in &prompts {
         args.extend(["--prompt", p]);
     }
@@ -65,16 +96,27 @@ fn greedy_tokens_agree_with_the_cpu_build_until_a_close_call() {
         run(bin, &a)
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter_map(|v| v["tokens"].as_array().map(|t| t.iter().map(|x| x.as_u64().unwrap()).collect()))
+            .filter_map(|v| {
+                v["tokens"]
+                    .as_array()
+                    .map(|t| t.iter().map(|x| x.as_u64().unwrap()).collect())
+            })
             .collect()
     };
     let cpu = tokens(&cpu_bin(), &[]);
     let gpu = tokens(vulkan_bin().as_ref(), &["--gpu-layers", "all"]);
     assert_eq!((cpu.len(), gpu.len()), (4, 4));
-    let common: Vec<usize> = cpu.iter().zip(&gpu).map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count()).collect();
+    let common: Vec<usize> = cpu
+        .iter()
+        .zip(&gpu)
+        .map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count())
+        .collect();
     let equal = cpu.iter().zip(&gpu).filter(|(a, b)| a == b).count();
     eprintln!("greedy agreement, Vulkan (all layers) vs CPU: {equal} of 4 equal over 16 tokens; common prefixes {common:?}");
-    assert!(common.iter().all(|&n| n >= 4), "an answer forks within its first 4 tokens: {common:?}");
+    assert!(
+        common.iter().all(|&n| n >= 4),
+        "an answer forks within its first 4 tokens: {common:?}"
+    );
 }
 
 /// A server with every layer on the device and a small device budget: the plan covers what
@@ -94,34 +136,97 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
     let mut s = Server::start_bin(
         vulkan_bin(),
         &[
-            "--gpu-layers", "all", "--device", &device, "--device-memory", "512MiB", "--context", "512",
-            "--header-read-timeout", "300", "--prefix-store", "0",
+            "--gpu-layers",
+            "all",
+            "--device",
+            &device,
+            "--device-memory",
+            "512MiB",
+            "--context",
+            "512",
+            "--header-read-timeout",
+            "300",
+            "--prefix-store",
+            "0",
         ],
     );
     let log = s.log.lock().unwrap().clone();
-    let line = log.lines().find(|l| l.contains("in device buffers")).unwrap_or_else(|| panic!("no device comparison in the log: {log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("in device buffers"))
+        .unwrap_or_else(|| panic!("no device comparison in the log: {log}"));
     assert!(!line.contains("under-estimated"), "{line}");
-    let ready: Value = reqwest::get(s.url("/ready")).await.unwrap().json().await.unwrap();
+    let ready: Value = reqwest::get(s.url("/ready"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(ready["device"]["name"], device.as_str(), "{ready}");
     assert_eq!(ready["device"]["budget_bytes"].as_u64(), Some(512 << 20));
     let base = s.base.clone();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(vulkan_bin())
-            .args(["loadtest", "--url", &base, "--variants", "4", "--concurrency", "4", "--requests", "16"])
-            .args(["--prompt-tokens", "32", "--max-tokens", "12", "--timeout", "600", "--assert-no-oom", "--json"])
+            .args([
+                "loadtest",
+                "--url",
+                &base,
+                "--variants",
+                "4",
+                "--concurrency",
+                "4",
+                "--requests",
+                "16",
+            ])
+            .args([
+                "--prompt-tokens",
+                "32",
+                "--max-tokens",
+                "12",
+                "--timeout",
+                "600",
+                "--assert-no-oom",
+                "--json",
+            ])
             .output()
             .unwrap()
     })
     .await
     .unwrap();
-    let server_log = || s.log.lock().unwrap().lines().rev().take(30).collect::<Vec<_>>().join("\n");
-    assert!(out.status.success(), "loadtest: {}\n{}\nserver log (last lines, newest first):\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), server_log());
+    let server_log = || {
+        s.log
+            .lock()
+            .unwrap()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        out.status.success(),
+        "loadtest: {}\n{}\nserver log (last lines, newest first):\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server_log()
+    );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["by_class"]["ok"], 16, "{}", r["by_class"]);
-    let metrics = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let m = abserve_protocol::parse_prometheus(&metrics);
-    let series = |n: &str| m.get(&format!("{n}{{device=\"{device}\"}}")).unwrap_or_else(|| panic!("{n} missing"));
-    assert_eq!(series("abserve_device_memory_budget_bytes"), (512u64 << 20) as f64);
+    let series = |n: &str| {
+        m.get(&format!("{n}{{device=\"{device}\"}}"))
+            .unwrap_or_else(|| panic!("{n} missing"))
+    };
+    assert_eq!(
+        series("abserve_device_memory_budget_bytes"),
+        (512u64 << 20) as f64
+    );
     assert!(series("abserve_device_memory_total_bytes") > 0.0);
     eprintln!("{line}");
     s.terminate();

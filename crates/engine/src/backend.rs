@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
-use llama_cpp_2::context::params::{LlamaContextParams, KvCacheType};
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -43,11 +43,18 @@ unsafe extern "C" fn log_callback(
     let line = s.trim_end();
     if line.contains("buffer size") {
         // a poisoned lock is read through (a push cannot leave the list half-written)
-        BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()).push(line.to_string());
+        BUFFER_LOG
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(line.to_string());
     }
     // the unified cache is bigger than the training context by design; each sequence is held to
     // --context (checked against the training context at start-up)
-    let level = if line.contains("n_ctx_seq") && line.contains("n_ctx_train") { 0 } else { level };
+    let level = if line.contains("n_ctx_seq") && line.contains("n_ctx_train") {
+        0
+    } else {
+        level
+    };
     // GGML_LOG_LEVEL_ERROR = 4, WARN = 3
     match level {
         4 => tracing::error!(target: "llama.cpp", "{line}"),
@@ -130,11 +137,17 @@ pub struct Model {
 
 impl Model {
     /// Loads the weights; `device`: (ggml device index, layers) to offload there.
-    pub fn load(path: &Path, use_mmap: bool, device: Option<(usize, u64)>) -> Result<Model, BackendError> {
+    pub fn load(
+        path: &Path,
+        use_mmap: bool,
+        device: Option<(usize, u64)>,
+    ) -> Result<Model, BackendError> {
         let mut params = LlamaModelParams::default().with_use_mmap(use_mmap);
         if let Some((index, layers)) = device {
             params = params.with_n_gpu_layers(layers.min(u32::MAX as u64) as u32);
-            params = params.with_devices(&[index]).map_err(|e| BackendError::Load(format!("{} (device {index}: {e})", path.display())))?;
+            params = params.with_devices(&[index]).map_err(|e| {
+                BackendError::Load(format!("{} (device {index}: {e})", path.display()))
+            })?;
         } else {
             // llama.cpp's default offloads every layer when a GPU backend is built in; the plan
             // placed everything on the host
@@ -156,7 +169,9 @@ impl Model {
 
     /// Bytes of one token as the model spells it (special tokens render as empty text).
     pub fn piece(&self, token: i32) -> Vec<u8> {
-        self.inner.vocab().token_to_piece(LlamaToken(token), false, None)
+        self.inner
+            .vocab()
+            .token_to_piece(LlamaToken(token), false, None)
     }
 
     pub fn is_eog(&self, token: i32) -> bool {
@@ -174,7 +189,9 @@ impl Model {
     pub fn bos_eos_text(&self) -> (String, String) {
         let v = self.inner.vocab();
         let t = |tok: LlamaToken| {
-            v.text(tok).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+            v.text(tok)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default()
         };
         (t(v.bos()), t(v.eos()))
     }
@@ -195,7 +212,11 @@ pub struct ContextConfig {
 }
 
 impl<'m> Context<'m> {
-    pub fn new(model: &'m Model, plan: &MemoryPlan, cfg: &ContextConfig) -> Result<Self, BackendError> {
+    pub fn new(
+        model: &'m Model,
+        plan: &MemoryPlan,
+        cfg: &ContextConfig,
+    ) -> Result<Self, BackendError> {
         let kv_type = match plan.kv_type {
             KvType::F16 => KvCacheType::F16,
             KvType::Q8_0 => KvCacheType::Q8_0,
@@ -221,7 +242,12 @@ impl<'m> Context<'m> {
             .new_context(backend(), params)
             .map_err(|_| BackendError::Context(plan.kv_cells))?;
         let batch_cap = n_batch as usize;
-        Ok(Context { ctx, unified: plan.kv_unified, batch: LlamaBatch::new(batch_cap, 1), batch_cap })
+        Ok(Context {
+            ctx,
+            unified: plan.kv_unified,
+            batch: LlamaBatch::new(batch_cap, 1),
+            batch_cap,
+        })
     }
 
     pub fn batch_capacity(&self) -> usize {
@@ -264,7 +290,9 @@ impl<'m> Context<'m> {
     /// cut back to `len` positions.
     pub fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
         if self.unified {
-            let _ = self.ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
+            let _ = self
+                .ctx
+                .copy_kv_cache_seq(src, dst, Some(0), Some(len as u32));
         } else {
             let _ = self.ctx.copy_kv_cache_seq(src, dst, None, None);
             self.truncate_seq(dst, len);
@@ -273,12 +301,16 @@ impl<'m> Context<'m> {
 
     /// Drops positions [len, ∞) of `seq` (a slot's cached tokens past the common prefix).
     pub fn truncate_seq(&mut self, seq: i32, len: usize) {
-        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None);
+        let _ = self
+            .ctx
+            .clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None);
     }
 
     /// The KV of `seq` copied to host memory (llama.cpp's sequence state: its cells only).
     pub fn save_seq(&self, seq: i32) -> Option<llama_cpp_2::SeqState> {
-        self.ctx.state_seq_get(seq, llama_cpp_2::LlamaStateSeqFlags::empty()).ok()
+        self.ctx
+            .state_seq_get(seq, llama_cpp_2::LlamaStateSeqFlags::empty())
+            .ok()
     }
 
     /// Loads a saved state into `seq` (which may differ from the one it was saved from).

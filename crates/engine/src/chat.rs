@@ -15,7 +15,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -58,11 +61,22 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| ChatTemplateError::Compile(e.to_string()))?;
-        Ok(ChatTemplate { env, bos: bos.into(), eos: eos.into() })
+        Ok(ChatTemplate {
+            env,
+            bos: bos.into(),
+            eos: eos.into(),
+        })
     }
 
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
-        let tmpl = self.env.get_template("chat").map_err(|e| ChatTemplateError::Compile(e.to_string()))?;
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ChatTemplateError::Compile(e.to_string()))?;
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -94,7 +108,12 @@ mod tests {
 
     #[test]
     fn raise_exception_becomes_render_error() {
-        let t = ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), "", "").unwrap();
+        let t = ChatTemplate::new(
+            Some("{{ raise_exception('roles must alternate') }}"),
+            "",
+            "",
+        )
+        .unwrap();
         let e = t.render(&[], true).unwrap_err();
         assert!(e.to_string().contains("roles must alternate"));
     }
@@ -102,6 +121,10 @@ mod tests {
     #[test]
     fn python_string_methods_work() {
         let t = ChatTemplate::new(Some("{{ messages[0].content.strip() }}"), "", "").unwrap();
-        assert_eq!(t.render(&[ChatMessage::new("user", "  x  ")], false).unwrap(), "x");
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "  x  ")], false)
+                .unwrap(),
+            "x"
+        );
     }
 }

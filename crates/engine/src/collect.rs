@@ -41,13 +41,24 @@ impl Default for Collector {
 
 impl Collector {
     pub fn new() -> Self {
-        Collector { started: Instant::now(), text: String::new(), tokens: vec![], logprobs: vec![], order: None, first: None }
+        Collector {
+            started: Instant::now(),
+            text: String::new(),
+            tokens: vec![],
+            logprobs: vec![],
+            order: None,
+            first: None,
+        }
     }
 
     pub fn push(&mut self, ev: Event) -> Option<Result<Output, GenerationError>> {
         match ev {
             Event::Admitted { order, .. } => self.order = Some(order),
-            Event::Token { token, text, logprob } => {
+            Event::Token {
+                token,
+                text,
+                logprob,
+            } => {
                 self.first.get_or_insert_with(|| self.started.elapsed());
                 self.tokens.push(token);
                 self.text.push_str(&text);
@@ -118,23 +129,51 @@ mod tests {
     #[test]
     fn folds_tokens_and_the_held_back_tail_into_one_answer() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(Event::Admitted { queue_time: Duration::ZERO, order: 7 }).unwrap();
-        tx.send(Event::Token { token: 5, text: "Hel".into(), logprob: None }).unwrap();
-        tx.send(Event::Token { token: 6, text: "lo".into(), logprob: None }).unwrap();
+        tx.send(Event::Admitted {
+            queue_time: Duration::ZERO,
+            order: 7,
+        })
+        .unwrap();
+        tx.send(Event::Token {
+            token: 5,
+            text: "Hel".into(),
+            logprob: None,
+        })
+        .unwrap();
+        tx.send(Event::Token {
+            token: 6,
+            text: "lo".into(),
+            logprob: None,
+        })
+        .unwrap();
         tx.send(Event::Done(done("!"))).unwrap();
         let o = collect_blocking(rx).unwrap();
-        assert_eq!((o.text.as_str(), o.tokens.as_slice(), o.admission_order), ("Hello!", &[5, 6][..], Some(7)));
+        assert_eq!(
+            (o.text.as_str(), o.tokens.as_slice(), o.admission_order),
+            ("Hello!", &[5, 6][..], Some(7))
+        );
         assert!(o.first_token_after.is_some());
     }
 
     #[test]
     fn an_error_or_a_closed_channel_is_an_error() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(Event::Token { token: 5, text: "a".into(), logprob: None }).unwrap();
+        tx.send(Event::Token {
+            token: 5,
+            text: "a".into(),
+            logprob: None,
+        })
+        .unwrap();
         tx.send(Event::Error(GenerationError::OutOfMemory)).unwrap();
-        assert_eq!(collect_blocking(rx).unwrap_err(), GenerationError::OutOfMemory);
+        assert_eq!(
+            collect_blocking(rx).unwrap_err(),
+            GenerationError::OutOfMemory
+        );
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
         drop(tx);
-        assert_eq!(collect_blocking(rx).unwrap_err(), GenerationError::EngineStopped);
+        assert_eq!(
+            collect_blocking(rx).unwrap_err(),
+            GenerationError::EngineStopped
+        );
     }
 }

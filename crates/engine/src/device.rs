@@ -62,7 +62,13 @@ impl Device for GgmlDevice {
 }
 
 fn memory_of(d: llama_cpp_2::LlamaBackendDevice) -> DeviceMemory {
-    DeviceMemory { name: d.name, description: d.description, backend: d.backend, total_bytes: d.memory_total as u64, free_bytes: d.memory_free as u64 }
+    DeviceMemory {
+        name: d.name,
+        description: d.description,
+        backend: d.backend,
+        total_bytes: d.memory_total as u64,
+        free_bytes: d.memory_free as u64,
+    }
 }
 
 /// Every device ggml knows in this build, with its kind (`cpu`, `gpu`, `igpu`, `accel`).
@@ -97,10 +103,19 @@ pub fn find(name: Option<&str>) -> Result<Option<Arc<dyn Device>>, String> {
             Some(d) => Ok(Some(Arc::new(GgmlDevice { index: d.index }))),
             None => Err(format!(
                 "no device named '{n}' (this build has: {}; `abserve devices` lists them)",
-                if gpus.is_empty() { "none, it is a CPU build".to_string() } else { gpus.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ") }
+                if gpus.is_empty() {
+                    "none, it is a CPU build".to_string()
+                } else {
+                    gpus.iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
             )),
         },
-        None => Ok(gpus.first().map(|d| Arc::new(GgmlDevice { index: d.index }) as Arc<dyn Device>)),
+        None => Ok(gpus
+            .first()
+            .map(|d| Arc::new(GgmlDevice { index: d.index }) as Arc<dyn Device>)),
     }
 }
 
@@ -114,16 +129,25 @@ pub struct FakeDevice {
 
 impl FakeDevice {
     pub fn new(name: &str, total_bytes: u64, used_bytes: u64) -> FakeDevice {
-        FakeDevice { name: name.into(), backend: "Fake".into(), total_bytes, used: AtomicU64::new(used_bytes) }
+        FakeDevice {
+            name: name.into(),
+            backend: "Fake".into(),
+            total_bytes,
+            used: AtomicU64::new(used_bytes),
+        }
     }
 
     /// A device that only answers "what if" (`abserve plan --device-memory` without a GPU).
     pub fn hypothetical(total_bytes: u64) -> FakeDevice {
-        FakeDevice { backend: "hypothetical".into(), ..FakeDevice::new("hypothetical", total_bytes, 0) }
+        FakeDevice {
+            backend: "hypothetical".into(),
+            ..FakeDevice::new("hypothetical", total_bytes, 0)
+        }
     }
 
     pub fn set_used(&self, bytes: u64) {
-        self.used.store(bytes.min(self.total_bytes), Ordering::SeqCst);
+        self.used
+            .store(bytes.min(self.total_bytes), Ordering::SeqCst);
     }
 }
 

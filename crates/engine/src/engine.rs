@@ -13,11 +13,16 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::backend::{take_buffer_log, Context, ContextConfig, LlamaBuffers, Model};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
-use crate::gguf::{GgufError, GgufHeader, ModelShape};
 use crate::device::Device;
-use crate::plan::{available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
+use crate::gguf::{GgufError, GgufHeader, ModelShape};
+use crate::plan::{
+    available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, Offload,
+    PlanRequest,
+};
 use crate::request::{Event, Request, SubmitError};
-use crate::scheduler::{Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
+use crate::scheduler::{
+    Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
+};
 
 /// How many requests may wait beyond the running slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +100,10 @@ impl std::str::FromStr for GpuLayers {
     fn from_str(s: &str) -> Result<GpuLayers, String> {
         match s {
             "all" => Ok(GpuLayers::All),
-            n => n.parse().map(GpuLayers::Count).map_err(|_| format!("--gpu-layers takes a number or 'all', not '{s}'")),
+            n => n
+                .parse()
+                .map(GpuLayers::Count)
+                .map_err(|_| format!("--gpu-layers takes a number or 'all', not '{s}'")),
         }
     }
 }
@@ -121,7 +129,9 @@ impl EngineConfig {
             max_sequences: 64,
             kv_type: KvType::F16,
             kv_cells_cap: None,
-            threads: std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(2),
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(2),
             max_queue: QueueLimit::Unbounded,
             use_mmap: true,
             admission_control: true,
@@ -179,7 +189,11 @@ impl EngineConfig {
             // without admission control only a unified pool can run out (a split stream always
             // holds its own sequence), and that is what the switch exists to show
             kv_unified: self.kv_unified || !self.admission_control,
-            prefix_store: if self.prefix_sharing { self.prefix_store } else { Some(0) },
+            prefix_store: if self.prefix_sharing {
+                self.prefix_store
+            } else {
+                Some(0)
+            },
             offload: self.offload(&header, &shape),
         });
         Ok((header, plan))
@@ -206,7 +220,12 @@ fn log_measured(plan: &MemoryPlan, m: &MeasuredMemory) {
                 d.name, human_bytes(m.llama.device), human_bytes(d.planned_bytes)
             );
         } else {
-            tracing::info!("device {}: llama.cpp allocated {} in device buffers (planned {})", d.name, human_bytes(m.llama.device), human_bytes(d.planned_bytes));
+            tracing::info!(
+                "device {}: llama.cpp allocated {} in device buffers (planned {})",
+                d.name,
+                human_bytes(m.llama.device),
+                human_bytes(d.planned_bytes)
+            );
         }
     }
 }
@@ -309,13 +328,19 @@ impl Engine {
         Self::start_with_observer(cfg, None)
     }
 
-    pub fn start_with_observer(cfg: EngineConfig, observer: Option<StepObserver>) -> Result<Engine, EngineError> {
+    pub fn start_with_observer(
+        cfg: EngineConfig,
+        observer: Option<StepObserver>,
+    ) -> Result<Engine, EngineError> {
         if cfg.device.is_none() && cfg.gpu_layers.is_some_and(|g| g != GpuLayers::Count(0)) {
             return Err(EngineError::NoDevice);
         }
         let (header, plan) = cfg.plan()?;
         if plan.context > plan.shape.n_ctx_train {
-            return Err(EngineError::ContextTooLong { context: plan.context, train: plan.shape.n_ctx_train });
+            return Err(EngineError::ContextTooLong {
+                context: plan.context,
+                train: plan.shape.n_ctx_train,
+            });
         }
         plan.check_fits()?;
         for line in plan.summary_lines() {
@@ -323,7 +348,11 @@ impl Engine {
         }
         let rss_before_load = current_rss();
         // a fake device (tests) plans and admits like a real one but loads nothing onto it
-        let placement = cfg.device.as_ref().and_then(|d| d.0.ggml_index()).map(|index| (index, cfg.offloaded_layers(plan.shape.n_layer)));
+        let placement = cfg
+            .device
+            .as_ref()
+            .and_then(|d| d.0.ggml_index())
+            .map(|index| (index, cfg.offloaded_layers(plan.shape.n_layer)));
         let model = Arc::new(Model::load(&cfg.model, cfg.use_mmap, placement)?);
         let rss_after_load = current_rss();
         let (bos, eos) = model.bos_eos_text();
@@ -337,12 +366,17 @@ impl Engine {
             let stats = stats.clone();
             let threads = cfg.threads;
             let flash_attention = cfg.flash_attention;
-            let mut sched_cfg = SchedulerConfig::new(plan.kv_cells as usize, plan.seq_slots as usize, plan.context as usize);
+            let mut sched_cfg = SchedulerConfig::new(
+                plan.kv_cells as usize,
+                plan.seq_slots as usize,
+                plan.context as usize,
+            );
             if !plan.kv_unified {
                 sched_cfg.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
             }
             sched_cfg.prefix_store_bytes = plan.prefix_store_bytes as usize;
-            sched_cfg.max_itl = (cfg.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(cfg.max_itl_ms / 1e3));
+            sched_cfg.max_itl =
+                (cfg.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(cfg.max_itl_ms / 1e3));
             sched_cfg.admission_control = cfg.admission_control;
             if !cfg.prefix_sharing {
                 sched_cfg.min_shared_prefix = usize::MAX;
@@ -350,7 +384,14 @@ impl Engine {
             std::thread::Builder::new()
                 .name("abserve-engine".into())
                 .spawn(move || {
-                    let ctx = match Context::new(&model, &plan, &ContextConfig { threads, flash_attention }) {
+                    let ctx = match Context::new(
+                        &model,
+                        &plan,
+                        &ContextConfig {
+                            threads,
+                            flash_attention,
+                        },
+                    ) {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -370,7 +411,12 @@ impl Engine {
         let (rss_after_context, llama) = ready_rx
             .recv()
             .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
-        let measured = MeasuredMemory { rss_before_load, rss_after_load, rss_after_context, llama };
+        let measured = MeasuredMemory {
+            rss_before_load,
+            rss_after_load,
+            rss_after_context,
+            llama,
+        };
         log_measured(&plan, &measured);
         Ok(Engine {
             max_queue: cfg.max_queue.resolve(plan.seq_slots as usize),
@@ -450,7 +496,10 @@ impl Engine {
     /// Queues requests as one group (a fan-out): all of them, or none when the slots and the
     /// queue have no room for all (`QueueFull`), or never could (`GroupTooLarge`). Once
     /// accepted, every member runs; none is turned away for a later one.
-    pub fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+    pub fn submit_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         for r in &reqs {
             self.check(r)?;
         }
@@ -463,7 +512,9 @@ impl Engine {
                 Err(e) => {
                     // the engine stopped: release the places of the members never sent
                     use std::sync::atomic::Ordering;
-                    self.stats.inflight.fetch_sub((n - i - 1) as u64, Ordering::SeqCst);
+                    self.stats
+                        .inflight
+                        .fetch_sub((n - i - 1) as u64, Ordering::SeqCst);
                     return Err(e);
                 }
             }
@@ -478,11 +529,23 @@ impl Engine {
         }
         let context = self.plan.context as usize;
         if req.prompt.len() >= context {
-            return Err(SubmitError::PromptTooLong { prompt: req.prompt.len(), context });
+            return Err(SubmitError::PromptTooLong {
+                prompt: req.prompt.len(),
+                context,
+            });
         }
-        req.params.validate().map_err(|(n, m)| SubmitError::Invalid(n, m))?;
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t < 0 || t as usize >= self.model.n_vocab()) {
-            return Err(SubmitError::Invalid("prompt", format!("token id {bad} is outside the vocabulary")));
+        req.params
+            .validate()
+            .map_err(|(n, m)| SubmitError::Invalid(n, m))?;
+        if let Some(&bad) = req
+            .prompt
+            .iter()
+            .find(|&&t| t < 0 || t as usize >= self.model.n_vocab())
+        {
+            return Err(SubmitError::Invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary"),
+            ));
         }
         Ok(())
     }
@@ -494,7 +557,12 @@ impl Engine {
         let slots = self.plan.seq_slots as usize;
         let capacity = slots.saturating_add(self.max_queue);
         if n > capacity {
-            return Err(SubmitError::GroupTooLarge { group: n, capacity, slots, queue: self.max_queue });
+            return Err(SubmitError::GroupTooLarge {
+                group: n,
+                capacity,
+                slots,
+                queue: self.max_queue,
+            });
         }
         let inflight = self.stats.inflight.fetch_add(n as u64, Ordering::SeqCst) as usize;
         if !priority && inflight + n > capacity {

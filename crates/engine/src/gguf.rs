@@ -21,7 +21,10 @@ const MAX_ENTRIES: u64 = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     #[error("cannot open model file {path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path} is not a GGUF file (bad magic {magic:#010x})")]
     BadMagic { path: String, magic: u32 },
     #[error("{path}: unsupported GGUF version {version}")]
@@ -44,7 +47,10 @@ pub enum Value {
     Bool(bool),
     Str(String),
     /// Numeric array values (as i64) or, for other element types, just the length.
-    Array { len: u64, ints: Vec<i64> },
+    Array {
+        len: u64,
+        ints: Vec<i64>,
+    },
 }
 
 impl Value {
@@ -123,11 +129,16 @@ struct Reader<R> {
 
 impl<R: Read> Reader<R> {
     fn corrupt(&self, what: impl Into<String>) -> GgufError {
-        GgufError::Corrupt { path: self.path.clone(), what: what.into() }
+        GgufError::Corrupt {
+            path: self.path.clone(),
+            what: what.into(),
+        }
     }
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N], GgufError> {
         let mut b = [0u8; N];
-        self.inner.read_exact(&mut b).map_err(|_| self.corrupt("unexpected end of file"))?;
+        self.inner
+            .read_exact(&mut b)
+            .map_err(|_| self.corrupt("unexpected end of file"))?;
         Ok(b)
     }
     fn u32(&mut self) -> Result<u32, GgufError> {
@@ -151,7 +162,10 @@ impl<R: Read> Reader<R> {
         }
         // grown as bytes arrive: a forged length costs no more memory than the file holds
         let mut buf = Vec::new();
-        (&mut self.inner).take(len).read_to_end(&mut buf).map_err(|_| self.corrupt("unexpected end of file"))?;
+        (&mut self.inner)
+            .take(len)
+            .read_to_end(&mut buf)
+            .map_err(|_| self.corrupt("unexpected end of file"))?;
         if buf.len() as u64 != len {
             return Err(self.corrupt("unexpected end of file"));
         }
@@ -208,10 +222,16 @@ impl<R: Read> Reader<R> {
 impl GgufHeader {
     pub fn read(path: &Path) -> Result<Self, GgufError> {
         let p = path.display().to_string();
-        let file = File::open(path).map_err(|e| GgufError::Open { path: p.clone(), source: e })?;
+        let file = File::open(path).map_err(|e| GgufError::Open {
+            path: p.clone(),
+            source: e,
+        })?;
         let file_size = file
             .metadata()
-            .map_err(|e| GgufError::Open { path: p.clone(), source: e })?
+            .map_err(|e| GgufError::Open {
+                path: p.clone(),
+                source: e,
+            })?
             .len();
         Self::parse(BufReader::with_capacity(1 << 20, file), file_size, p)
     }
@@ -220,12 +240,22 @@ impl GgufHeader {
     /// `file_size` is `bytes.len()`). The reader takes untrusted input: any bytes give a header
     /// or an error, never a panic, and memory stays proportional to the bytes.
     pub fn from_bytes(bytes: &[u8], label: &str) -> Result<Self, GgufError> {
-        Self::parse(std::io::Cursor::new(bytes), bytes.len() as u64, label.to_string())
+        Self::parse(
+            std::io::Cursor::new(bytes),
+            bytes.len() as u64,
+            label.to_string(),
+        )
     }
 
     fn parse(inner: impl Read + Seek, file_size: u64, p: String) -> Result<Self, GgufError> {
-        let mut r = Reader { inner, path: p.clone() };
-        let magic = r.u32().map_err(|_| GgufError::BadMagic { path: p.clone(), magic: 0 })?;
+        let mut r = Reader {
+            inner,
+            path: p.clone(),
+        };
+        let magic = r.u32().map_err(|_| GgufError::BadMagic {
+            path: p.clone(),
+            magic: 0,
+        })?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic { path: p, magic });
         }
@@ -266,15 +296,32 @@ impl GgufHeader {
                 .filter(|e| e % blk == 0)
                 .and_then(|e| (e / blk).checked_mul(size))
                 .ok_or_else(|| r.corrupt(format!("tensor {name} has impossible shape {dims:?}")))?;
-            tensors.push(TensorInfo { name, dims, ggml_type, offset, bytes });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+                bytes,
+            });
         }
         let pos = r
             .inner
             .stream_position()
             .map_err(|_| r.corrupt("cannot read position"))?;
-        let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1);
+        let align = metadata
+            .get("general.alignment")
+            .and_then(Value::as_u64)
+            .unwrap_or(32)
+            .max(1);
         let data_offset = pos.div_ceil(align) * align;
-        let header = GgufHeader { path: p, version, file_size, metadata, tensors, data_offset };
+        let header = GgufHeader {
+            path: p,
+            version,
+            file_size,
+            metadata,
+            tensors,
+            data_offset,
+        };
         let end = header
             .tensors
             .iter()
@@ -282,7 +329,11 @@ impl GgufHeader {
             .max()
             .unwrap_or(data_offset);
         if end > file_size {
-            return Err(GgufError::Truncated { path: header.path, end, size: file_size });
+            return Err(GgufError::Truncated {
+                path: header.path,
+                end,
+                size: file_size,
+            });
         }
         let _ = r.inner.seek(SeekFrom::Start(0));
         Ok(header)
@@ -298,13 +349,31 @@ impl GgufHeader {
     /// `token_embd` (the input embeddings themselves always stay on the host).
     pub fn offloaded_bytes(&self, n_layer: u64, gpu_layers: u64) -> u64 {
         let first = n_layer.saturating_sub(gpu_layers);
-        let layer = |name: &str| name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<u64>().ok());
-        let mut bytes: u64 = self.tensors.iter().filter(|t| layer(&t.name).is_some_and(|i| i >= first)).map(|t| t.bytes).sum();
+        let layer = |name: &str| {
+            name.strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        let mut bytes: u64 = self
+            .tensors
+            .iter()
+            .filter(|t| layer(&t.name).is_some_and(|i| i >= first))
+            .map(|t| t.bytes)
+            .sum();
         if gpu_layers > n_layer {
-            let output: Vec<_> = self.tensors.iter().filter(|t| t.name.starts_with("output")).collect();
+            let output: Vec<_> = self
+                .tensors
+                .iter()
+                .filter(|t| t.name.starts_with("output"))
+                .collect();
             bytes += output.iter().map(|t| t.bytes).sum::<u64>();
             if !output.iter().any(|t| t.name == "output.weight") {
-                bytes += self.tensors.iter().filter(|t| t.name == "token_embd.weight").map(|t| t.bytes).sum::<u64>();
+                bytes += self
+                    .tensors
+                    .iter()
+                    .filter(|t| t.name == "token_embd.weight")
+                    .map(|t| t.bytes)
+                    .sum::<u64>();
             }
         }
         bytes
@@ -322,10 +391,11 @@ impl GgufHeader {
     }
 
     pub fn architecture(&self) -> Result<&str, GgufError> {
-        self.str("general.architecture").ok_or_else(|| GgufError::MissingKey {
-            path: self.path.clone(),
-            key: "general.architecture".into(),
-        })
+        self.str("general.architecture")
+            .ok_or_else(|| GgufError::MissingKey {
+                path: self.path.clone(),
+                key: "general.architecture".into(),
+            })
     }
 
     /// An architecture-scoped number like `llama.block_count`; per-layer arrays give their max.
@@ -338,7 +408,10 @@ impl GgufHeader {
             Some(v) => v.as_u64(),
             None => None,
         }
-        .ok_or(GgufError::MissingKey { path: self.path.clone(), key })
+        .ok_or(GgufError::MissingKey {
+            path: self.path.clone(),
+            key,
+        })
     }
 
     pub fn arch_u64_opt(&self, suffix: &str) -> Option<u64> {

@@ -23,10 +23,12 @@ pub mod gguf;
 pub mod plan;
 
 pub use backend::Model;
-pub use engine::MeasuredMemory;
 pub use chat::{ChatMessage, ChatTemplateError};
 pub use collect::{collect, collect_blocking, Collector, Output};
+pub use engine::MeasuredMemory;
 pub use engine::{DeviceHandle, Engine, EngineConfig, EngineError, GpuLayers, QueueLimit};
-pub use request::{Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError};
+pub use request::{
+    Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError,
+};
 pub use sampler::{SamplingParams, TokenLogprob};
 pub use scheduler::{EngineStats, StatsSnapshot};

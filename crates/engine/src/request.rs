@@ -22,7 +22,13 @@ pub struct Request {
 
 impl Request {
     pub fn new(prompt: Vec<i32>, params: SamplingParams) -> Self {
-        Request { prompt, params, group: None, priority: false, kv_share: None }
+        Request {
+            prompt,
+            params,
+            group: None,
+            priority: false,
+            kv_share: None,
+        }
     }
 }
 
@@ -62,8 +68,15 @@ pub struct Completion {
 #[derive(Debug, Clone)]
 pub enum Event {
     /// The sequence was admitted (left the queue); `order` counts admissions engine-wide.
-    Admitted { queue_time: Duration, order: u64 },
-    Token { token: i32, text: String, logprob: Option<TokenLogprob> },
+    Admitted {
+        queue_time: Duration,
+        order: u64,
+    },
+    Token {
+        token: i32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
     Done(Completion),
     Error(GenerationError),
 }
@@ -114,7 +127,12 @@ pub enum SubmitError {
     QueueFull(usize),
     /// A group larger than the slots and the queue together: it could never be accepted whole.
     #[error("a group of {group} requests cannot be accepted whole: at most {capacity} ({slots} sequence slots + {queue} queued) are held at once")]
-    GroupTooLarge { group: usize, capacity: usize, slots: usize, queue: usize },
+    GroupTooLarge {
+        group: usize,
+        capacity: usize,
+        slots: usize,
+        queue: usize,
+    },
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("invalid {0}: {1}")]

@@ -68,16 +68,24 @@ impl SamplingParams {
     }
 
     pub fn greedy(max_tokens: u32) -> Self {
-        SamplingParams { temperature: 0.0, max_tokens, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            max_tokens,
+            ..Default::default()
+        }
     }
 
     /// Range checks with the parameter's name, for a clear 400 upstream.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        let f = |ok: bool, name: &'static str, msg: String| if ok { Ok(()) } else { Err((name, msg)) };
+        let f =
+            |ok: bool, name: &'static str, msg: String| if ok { Ok(()) } else { Err((name, msg)) };
         f(
             self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature),
             "temperature",
-            format!("temperature must be between 0 and 2, got {}", self.temperature),
+            format!(
+                "temperature must be between 0 and 2, got {}",
+                self.temperature
+            ),
         )?;
         f(
             self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0,
@@ -92,26 +100,47 @@ impl SamplingParams {
         f(
             self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
             "repetition_penalty",
-            format!("repetition_penalty must be > 0, got {}", self.repetition_penalty),
+            format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ),
         )?;
         f(
             self.frequency_penalty.is_finite() && (-2.0..=2.0).contains(&self.frequency_penalty),
             "frequency_penalty",
-            format!("frequency_penalty must be between -2 and 2, got {}", self.frequency_penalty),
+            format!(
+                "frequency_penalty must be between -2 and 2, got {}",
+                self.frequency_penalty
+            ),
         )?;
         f(
             self.presence_penalty.is_finite() && (-2.0..=2.0).contains(&self.presence_penalty),
             "presence_penalty",
-            format!("presence_penalty must be between -2 and 2, got {}", self.presence_penalty),
+            format!(
+                "presence_penalty must be between -2 and 2, got {}",
+                self.presence_penalty
+            ),
         )?;
-        f(self.max_tokens >= 1, "max_tokens", format!("max_tokens must be at least 1, got {}", self.max_tokens))?;
+        f(
+            self.max_tokens >= 1,
+            "max_tokens",
+            format!("max_tokens must be at least 1, got {}", self.max_tokens),
+        )?;
         f(
             self.logprobs.is_none_or(|n| n <= 20),
             "top_logprobs",
             "top_logprobs must be between 0 and 20".to_string(),
         )?;
-        f(self.stop.len() <= 16, "stop", "at most 16 stop sequences".to_string())?;
-        f(self.stop.iter().all(|s| !s.is_empty()), "stop", "stop sequences must not be empty".into())
+        f(
+            self.stop.len() <= 16,
+            "stop",
+            "at most 16 stop sequences".to_string(),
+        )?;
+        f(
+            self.stop.iter().all(|s| !s.is_empty()),
+            "stop",
+            "stop sequences must not be empty".into(),
+        )
     }
 }
 
@@ -136,7 +165,12 @@ impl Sampler {
             Some(s) => ChaCha20Rng::seed_from_u64(s),
             None => ChaCha20Rng::from_entropy(),
         };
-        Sampler { params, rng, counts: Default::default(), scratch: Vec::new() }
+        Sampler {
+            params,
+            rng,
+            counts: Default::default(),
+            scratch: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -152,9 +186,8 @@ impl Sampler {
     /// (prompt and output) for the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], recent: &[i32]) -> (i32, Option<TokenLogprob>) {
         let p = &self.params;
-        let penalised = p.repetition_penalty != 1.0
-            || p.frequency_penalty != 0.0
-            || p.presence_penalty != 0.0;
+        let penalised =
+            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         let mut owned;
         let logits: &[f32] = if penalised {
             owned = logits.to_vec();
@@ -164,7 +197,11 @@ impl Sampler {
                 for &t in &recent[start..] {
                     if seen.insert(t) {
                         if let Some(l) = owned.get_mut(t as usize) {
-                            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                            *l = if *l > 0.0 {
+                                *l / p.repetition_penalty
+                            } else {
+                                *l * p.repetition_penalty
+                            };
                         }
                     }
                 }
@@ -183,7 +220,10 @@ impl Sampler {
         } else {
             self.draw(logits)
         };
-        let lp = self.params.logprobs.map(|n| logprob_of(logits, token, n as usize));
+        let lp = self
+            .params
+            .logprobs
+            .map(|n| logprob_of(logits, token, n as usize));
         (token, lp)
     }
 
@@ -192,7 +232,12 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         let cands = &mut self.scratch;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as i32, l * inv_t)));
+        cands.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as i32, l * inv_t)),
+        );
         if p.top_k > 0 && (p.top_k as usize) < cands.len() {
             let k = p.top_k as usize;
             cands.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
@@ -249,17 +294,30 @@ pub fn argmax(logits: &[f32]) -> i32 {
 
 fn logprob_of(logits: &[f32], token: i32, n: usize) -> TokenLogprob {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     let mut top = Vec::new();
     if n > 0 {
-        let mut idx: Vec<(i32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as i32, l)).collect();
+        let mut idx: Vec<(i32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as i32, l))
+            .collect();
         let k = n.min(idx.len());
         idx.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
         idx.truncate(k);
         idx.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
         top = idx.into_iter().map(|(t, l)| (t, l - lse)).collect();
     }
-    TokenLogprob { token, logprob: logits[token as usize] - lse, top }
+    TokenLogprob {
+        token,
+        logprob: logits[token as usize] - lse,
+        top,
+    }
 }
 
 #[cfg(test)]
@@ -281,9 +339,19 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let l = logits();
-        let p = SamplingParams { temperature: 1.5, seed: Some(7), ..Default::default() };
-        let a: Vec<i32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&l, &[]).0).collect() };
-        let b: Vec<i32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&l, &[]).0).collect() };
+        let p = SamplingParams {
+            temperature: 1.5,
+            seed: Some(7),
+            ..Default::default()
+        };
+        let a: Vec<i32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&l, &[]).0).collect()
+        };
+        let b: Vec<i32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&l, &[]).0).collect()
+        };
         let c: Vec<i32> = {
             let mut s = Sampler::new(SamplingParams { seed: Some(8), ..p });
             (0..50).map(|_| s.sample(&l, &[]).0).collect()
@@ -295,19 +363,37 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_top_p_restricts() {
         let l = logits();
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, seed: Some(1), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            seed: Some(1),
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&l, &[]).0, argmax(&l));
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.3, seed: Some(1), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.3,
+            seed: Some(1),
+            ..Default::default()
+        });
         for _ in 0..50 {
             let t = s.sample(&l, &[]).0;
             assert!(l[t as usize] >= 9.0, "top_p 0.3 picked a low token {t}");
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.5, seed: Some(1), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: Some(1),
+            ..Default::default()
+        });
         for _ in 0..50 {
             let t = s.sample(&l, &[]).0;
-            assert!(l[t as usize] >= 9.9 - 0.7, "min_p 0.5 kept a token below half the top prob");
+            assert!(
+                l[t as usize] >= 9.9 - 0.7,
+                "min_p 0.5 kept a token below half the top prob"
+            );
         }
     }
 
@@ -315,32 +401,53 @@ mod tests {
     fn penalties_move_away_from_repeats() {
         let l = logits();
         let top = argmax(&l);
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 2.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            presence_penalty: 2.0,
+            ..Default::default()
+        });
         s.accept(top);
         assert_ne!(s.sample(&l, &[]).0, top);
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, repetition_penalty: 2.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        });
         assert_ne!(s.sample(&l, &[top]).0, top);
     }
 
     #[test]
     fn logprobs_are_normalised() {
         let l = logits();
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, logprobs: Some(5), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(5),
+            ..Default::default()
+        });
         let (t, lp) = s.sample(&l, &[]);
         let lp = lp.unwrap();
         assert_eq!(lp.token, t);
         assert_eq!(lp.top.len(), 5);
         assert_eq!(lp.top[0].0, t);
         assert!(lp.logprob < 0.0);
-        let total: f64 = l.iter().map(|&x| ((x - l[t as usize] + lp.logprob) as f64).exp()).sum();
+        let total: f64 = l
+            .iter()
+            .map(|&x| ((x - l[t as usize] + lp.logprob) as f64).exp())
+            .sum();
         assert!((total - 1.0).abs() < 1e-4);
     }
 
     #[test]
     fn validation_names_the_parameter() {
-        let bad = SamplingParams { temperature: 3.0, ..Default::default() };
+        let bad = SamplingParams {
+            temperature: 3.0,
+            ..Default::default()
+        };
         assert_eq!(bad.validate().unwrap_err().0, "temperature");
-        let bad = SamplingParams { max_tokens: 0, ..Default::default() };
+        let bad = SamplingParams {
+            max_tokens: 0,
+            ..Default::default()
+        };
         assert_eq!(bad.validate().unwrap_err().0, "max_tokens");
     }
 }

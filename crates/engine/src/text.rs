@@ -25,7 +25,10 @@ pub struct Push {
 
 impl TextStream {
     pub fn new(stops: Vec<String>) -> Self {
-        TextStream { stops, ..Default::default() }
+        TextStream {
+            stops,
+            ..Default::default()
+        }
     }
 
     pub fn push(&mut self, piece: &[u8]) -> Push {
@@ -41,7 +44,9 @@ impl TextStream {
                 return self.release();
             }
         };
-        let s = std::str::from_utf8(&self.pending_bytes[..valid]).expect("checked").to_owned();
+        let s = std::str::from_utf8(&self.pending_bytes[..valid])
+            .expect("checked")
+            .to_owned();
         self.pending_bytes.drain(..valid);
         self.held.push_str(&s);
         self.release()
@@ -61,12 +66,19 @@ impl TextStream {
             let text: String = self.held[..i].to_owned();
             self.held.clear();
             self.emitted.push_str(&text);
-            return Push { text, stopped: true };
+            return Push {
+                text,
+                stopped: true,
+            };
         }
         // hold back the longest suffix of `held` that is a proper prefix of some stop string
         let mut hold = 0;
         for st in &self.stops {
-            for (end, _) in st.char_indices().skip(1).chain(std::iter::once((st.len(), ' '))) {
+            for (end, _) in st
+                .char_indices()
+                .skip(1)
+                .chain(std::iter::once((st.len(), ' ')))
+            {
                 let prefix = &st[..end];
                 if prefix.len() < st.len() && self.held.ends_with(prefix) {
                     hold = hold.max(prefix.len());
@@ -77,7 +89,10 @@ impl TextStream {
         let text: String = self.held[..split].to_owned();
         self.held.drain(..split);
         self.emitted.push_str(&text);
-        Push { text, stopped: false }
+        Push {
+            text,
+            stopped: false,
+        }
     }
 
     /// At the end of a sequence: release whatever was held back.
@@ -111,11 +126,23 @@ mod tests {
         let mut t = TextStream::new(vec!["\n\nUser".into()]);
         assert_eq!(t.push(b"Hello").text, "Hello");
         let p = t.push(b"\n\n");
-        assert_eq!(p, Push { text: String::new(), stopped: false });
+        assert_eq!(
+            p,
+            Push {
+                text: String::new(),
+                stopped: false
+            }
+        );
         let p = t.push(b"Us");
         assert!(!p.stopped);
         let p = t.push(b"er: hi");
-        assert_eq!(p, Push { text: String::new(), stopped: true });
+        assert_eq!(
+            p,
+            Push {
+                text: String::new(),
+                stopped: true
+            }
+        );
         assert_eq!(t.emitted, "Hello");
     }
 
@@ -134,6 +161,12 @@ mod tests {
     fn earliest_stop_wins() {
         let mut t = TextStream::new(vec!["b".into(), "a".into()]);
         let p = t.push(b"xxaby");
-        assert_eq!(p, Push { text: "xx".into(), stopped: true });
+        assert_eq!(
+            p,
+            Push {
+                text: "xx".into(),
+                stopped: true
+            }
+        );
     }
 }

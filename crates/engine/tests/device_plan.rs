@@ -16,7 +16,9 @@ const GIB: u64 = 1 << 30;
 
 fn on_device(total: u64, used: u64) -> EngineConfig {
     let mut c = common::config();
-    c.device = Some(DeviceHandle(Arc::new(FakeDevice::new("Fake0", total, used))));
+    c.device = Some(DeviceHandle(Arc::new(FakeDevice::new(
+        "Fake0", total, used,
+    ))));
     c
 }
 
@@ -33,13 +35,19 @@ fn the_device_budget_is_a_share_of_its_free_memory() {
     let (_, plan) = cfg.plan().unwrap();
     let d = plan.device.as_ref().expect("a device part");
     assert_eq!((d.free_bytes, d.used_before_bytes), (2 * GIB, 6 * GIB));
-    assert_eq!(d.budget_bytes, GIB, "half of the 2 GiB free, not of the 8 GiB total");
+    assert_eq!(
+        d.budget_bytes, GIB,
+        "half of the 2 GiB free, not of the 8 GiB total"
+    );
     assert_eq!(d.margin_bytes, GIB / 10);
     assert_eq!(d.usable_bytes, GIB - GIB / 10);
     assert!(d.planned_bytes <= d.usable_bytes && plan.fits);
     assert_eq!(plan.device_budget_bytes, Some(GIB));
     assert_eq!(plan.device_planned_bytes, Some(d.planned_bytes));
-    assert_eq!(plan.planned_bytes, plan.host_planned_bytes + d.planned_bytes);
+    assert_eq!(
+        plan.planned_bytes,
+        plan.host_planned_bytes + d.planned_bytes
+    );
     // a smaller budget holds fewer KV cells: the device, not the host, sizes the cache
     let mut small = on_device(8 * GIB, 6 * GIB);
     small.device_budget = Budget::Bytes(300 << 20);
@@ -48,7 +56,12 @@ fn the_device_budget_is_a_share_of_its_free_memory() {
     let mut big = on_device(8 * GIB, 0);
     big.kv_cells_cap = None;
     let (_, p3) = big.plan().unwrap();
-    assert!(p2.kv_cells < p3.kv_cells, "{} cells on 300 MiB vs {} on 8 GiB", p2.kv_cells, p3.kv_cells);
+    assert!(
+        p2.kv_cells < p3.kv_cells,
+        "{} cells on 300 MiB vs {} on 8 GiB",
+        p2.kv_cells,
+        p3.kv_cells
+    );
     assert!(p2.device.as_ref().unwrap().planned_bytes <= p2.device.as_ref().unwrap().usable_bytes);
 }
 
@@ -65,17 +78,32 @@ fn a_partial_offload_splits_weights_and_kv_by_layer() {
     let want: u64 = h
         .tensors
         .iter()
-        .filter(|t| t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<u64>().ok()).is_some_and(|i| i >= first))
+        .filter(|t| {
+            t.name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|i| i >= first)
+        })
         .map(|t| t.bytes)
         .sum();
     assert!(want > 0);
     assert_eq!(d.weights_bytes, want);
     // KV cells per layer: a third of the layers, a third of the KV
-    assert_eq!(d.kv_bytes, plan.kv_cells * (plan.kv_bytes_per_token * 10 / s.n_layer));
+    assert_eq!(
+        d.kv_bytes,
+        plan.kv_cells * (plan.kv_bytes_per_token * 10 / s.n_layer)
+    );
     let host_kv = plan.kv_bytes - d.kv_bytes;
     assert!(host_kv > d.kv_bytes, "20 layers' KV stay on the host");
-    assert!(plan.host_planned_bytes >= (h.weights_bytes() - want) + host_kv, "host: the other layers' weights and KV");
-    assert_eq!(plan.planned_bytes, plan.host_planned_bytes + d.planned_bytes);
+    assert!(
+        plan.host_planned_bytes >= (h.weights_bytes() - want) + host_kv,
+        "host: the other layers' weights and KV"
+    );
+    assert_eq!(
+        plan.planned_bytes,
+        plan.host_planned_bytes + d.planned_bytes
+    );
     // all layers: the output layer too (tied embeddings: a copy of token_embd goes to the device)
     let mut all = on_device(8 * GIB, 0);
     all.gpu_layers = Some(GpuLayers::All);
@@ -83,8 +111,14 @@ fn a_partial_offload_splits_weights_and_kv_by_layer() {
     let da = pa.device.as_ref().unwrap();
     assert_eq!(da.layers_offloaded, s.n_layer);
     assert_eq!(da.kv_bytes, pa.kv_bytes, "every layer's KV on the device");
-    assert_eq!(da.weights_bytes, h.offloaded_bytes(s.n_layer, s.n_layer + 1));
-    assert!(da.weights_bytes > h.offloaded_bytes(s.n_layer, s.n_layer), "the output layer goes too");
+    assert_eq!(
+        da.weights_bytes,
+        h.offloaded_bytes(s.n_layer, s.n_layer + 1)
+    );
+    assert!(
+        da.weights_bytes > h.offloaded_bytes(s.n_layer, s.n_layer),
+        "the output layer goes too"
+    );
     // no device: no device part, everything on the host as before
     let (_, host_only) = common::config().plan().unwrap();
     assert!(host_only.device.is_none());
@@ -103,7 +137,10 @@ fn a_device_too_small_for_the_offloaded_weights_is_refused_before_loading_with_e
     };
     assert!(matches!(err, EngineError::DoesNotFit(_)), "{err}");
     let grew = current_rss().saturating_sub(rss);
-    assert!(grew < h.weights_bytes() / 2, "refused before the weights were loaded (RSS grew {grew} B)");
+    assert!(
+        grew < h.weights_bytes() / 2,
+        "refused before the weights were loaded (RSS grew {grew} B)"
+    );
     let text = err.to_string();
     let weights = h.offloaded_bytes(s.n_layer, s.n_layer + 1);
     let budget: u64 = 40 << 20;
@@ -111,5 +148,9 @@ fn a_device_too_small_for_the_offloaded_weights_is_refused_before_loading_with_e
     for n in [weights, budget, margin, budget - margin, 64 << 20, 4 * GIB] {
         assert!(text.contains(&n.to_string()), "{n} missing from: {text}");
     }
-    assert!(text.contains("device budget of Fake0") && text.contains(&format!("{} layers of {}", s.n_layer, s.n_layer)), "{text}");
+    assert!(
+        text.contains("device budget of Fake0")
+            && text.contains(&format!("{} layers of {}", s.n_layer, s.n_layer)),
+        "{text}"
+    );
 }

@@ -7,12 +7,18 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
 fn config(cases: u32, seed: u64) -> Config {
-    Config { cases, rng_seed: RngSeed::Fixed(seed), failure_persistence: None, ..Config::default() }
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        ..Config::default()
+    }
 }
 
 /// The default model's header and tensor table (the bytes before its tensor data).
 fn real_header() -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let h = GgufHeader::read(&path).expect("default model missing: run scripts/setup.sh");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.truncate(h.data_offset as usize);

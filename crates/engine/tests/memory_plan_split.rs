@@ -16,24 +16,50 @@ fn thirty_two_sequences_on_eight_streams_all_complete_within_the_plan() {
     let engine = Engine::start(cfg).unwrap();
     let plan = engine.plan().clone();
     assert!(!plan.kv_unified);
-    assert_eq!((plan.seq_slots, plan.kv_cells_per_slot, plan.kv_cells), (8, 256, 2048));
+    assert_eq!(
+        (plan.seq_slots, plan.kv_cells_per_slot, plan.kv_cells),
+        (8, 256, 2048)
+    );
     let n = 32;
     let max_tokens = 120u32;
     let prompts: Vec<Vec<i32>> = (0..n)
         .map(|i| {
-            let extra = " Describe it in great detail, with colours, sounds and smells.".repeat(i % 4);
-            engine.tokenize(&format!("Tell me a long story about thing number {i}.{extra}"))
+            let extra =
+                " Describe it in great detail, with colours, sounds and smells.".repeat(i % 4);
+            engine.tokenize(&format!(
+                "Tell me a long story about thing number {i}.{extra}"
+            ))
         })
         .collect();
     let demand: usize = prompts.iter().map(|p| p.len() + max_tokens as usize).sum();
-    assert!(demand >= 2 * plan.kv_cells as usize, "demand {demand} vs {} cells", plan.kv_cells);
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
+    assert!(
+        demand >= 2 * plan.kv_cells as usize,
+        "demand {demand} vs {} cells",
+        plan.kv_cells
+    );
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(max_tokens)
+    };
     let outs = common::run_all(&engine, &prompts, &params);
     let stats = engine.stats();
-    assert!(outs.iter().all(|o| o.done.completion_tokens == max_tokens as usize));
-    assert_eq!(stats.preemptions, 0, "a stream always holds its own sequence");
+    assert!(outs
+        .iter()
+        .all(|o| o.done.completion_tokens == max_tokens as usize));
+    assert_eq!(
+        stats.preemptions, 0,
+        "a stream always holds its own sequence"
+    );
     assert!(stats.kv_cells_peak <= plan.kv_cells);
     let peak = peak_rss();
-    eprintln!("peak RSS {peak} B vs planned {} B ({:.2}×)", plan.planned_bytes, peak as f64 / plan.planned_bytes as f64);
-    assert!(peak as f64 <= plan.planned_bytes as f64 * 1.10, "peak RSS {peak} over plan {} + 10%", plan.planned_bytes);
+    eprintln!(
+        "peak RSS {peak} B vs planned {} B ({:.2}×)",
+        plan.planned_bytes,
+        peak as f64 / plan.planned_bytes as f64
+    );
+    assert!(
+        peak as f64 <= plan.planned_bytes as f64 * 1.10,
+        "peak RSS {peak} over plan {} + 10%",
+        plan.planned_bytes
+    );
 }

@@ -39,12 +39,24 @@ fn greedy_matches_llama_cpp_reference() {
     for (prompt, c) in cases {
         // batch 1: one request at a time
         let out = common::collect(common::greedy(&engine, &prompt, max_tokens)).unwrap();
-        let want: Vec<i32> = c["tokens"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
-        assert_eq!(prompt.len() as u64, c["prompt_tokens"].as_u64().unwrap(), "prompt token count for {c}");
+        let want: Vec<i32> = c["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_i64().unwrap() as i32)
+            .collect();
+        assert_eq!(
+            prompt.len() as u64,
+            c["prompt_tokens"].as_u64().unwrap(),
+            "prompt token count for {c}"
+        );
         let got = &out.tokens[..want.len().min(out.tokens.len())];
         assert_eq!(got, &want[..got.len()], "tokens differ for {}", c);
         // the reference stops at an end-of-generation token without listing it
-        assert!(out.tokens.len() == want.len() || out.tokens.len() == want.len() + 1, "length differs for {c}");
+        assert!(
+            out.tokens.len() == want.len() || out.tokens.len() == want.len() + 1,
+            "length differs for {c}"
+        );
         assert_eq!(out.text, c["text"].as_str().unwrap());
     }
 }

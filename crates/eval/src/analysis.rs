@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use abserve_ab::{mcnemar, paired_t, quantile, quantiles, sign_test};
 use abserve_ab::summarize;
+use abserve_ab::{mcnemar, paired_t, quantile, quantiles, sign_test};
 use serde::Serialize;
 
 use crate::config::{Better, EvalConfig, ScoreType, Scorer};
@@ -132,10 +132,21 @@ pub struct RunFacts {
 
 type Keyed<T> = BTreeMap<(String, String), T>;
 
-pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Keyed<Judgment>, run: RunFacts) -> Summary {
+pub fn summarize_run(
+    cfg: &EvalConfig,
+    ds: &Dataset,
+    results: &Keyed<ResultRow>,
+    judgments: &Keyed<Judgment>,
+    run: RunFacts,
+) -> Summary {
     let control = cfg.control().to_string();
     let mut errors = Vec::new();
-    let variants = cfg.experiment.variants.iter().map(|v| variant_summary(cfg, ds, results, &v.id, &control, &mut errors)).collect();
+    let variants = cfg
+        .experiment
+        .variants
+        .iter()
+        .map(|v| variant_summary(cfg, ds, results, &v.id, &control, &mut errors))
+        .collect();
     let mut comparisons = Vec::new();
     for v in cfg.experiment.variants.iter().filter(|v| v.id != control) {
         for s in &cfg.scorers {
@@ -150,7 +161,15 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>,
         concurrency_source: run.concurrency_source,
         rows: ds.rows.len(),
         variants,
-        scorers: cfg.scorers.iter().map(|s| ScorerInfo { name: s.name.clone(), score_type: s.score_type(), better: s.better() }).collect(),
+        scorers: cfg
+            .scorers
+            .iter()
+            .map(|s| ScorerInfo {
+                name: s.name.clone(),
+                score_type: s.score_type(),
+                better: s.better(),
+            })
+            .collect(),
         comparisons,
         skipped_rows: ds.bad.clone(),
         errors,
@@ -158,33 +177,70 @@ pub fn summarize_run(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>,
         wall_seconds: run.wall_seconds,
         peak_memory_bytes: run.peak_memory_bytes,
         judge_chose_first: {
-            let letters: Vec<char> = judgments.values().filter_map(|j| j.reply.as_deref().and_then(crate::judge::choice)).collect();
-            (!letters.is_empty()).then(|| letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64)
+            let letters: Vec<char> = judgments
+                .values()
+                .filter_map(|j| j.reply.as_deref().and_then(crate::judge::choice))
+                .collect();
+            (!letters.is_empty()).then(|| {
+                letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64
+            })
         },
     }
 }
 
 /// One variant's answers, latencies and mean scores; its failed rows go to `errors`.
-fn variant_summary(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>, id: &str, control: &str, errors: &mut Vec<String>) -> VariantSummary {
-    let rs: Vec<&ResultRow> = ds.rows.iter().filter_map(|r| results.get(&(r.id.clone(), id.to_string()))).collect();
+fn variant_summary(
+    cfg: &EvalConfig,
+    ds: &Dataset,
+    results: &Keyed<ResultRow>,
+    id: &str,
+    control: &str,
+    errors: &mut Vec<String>,
+) -> VariantSummary {
+    let rs: Vec<&ResultRow> = ds
+        .rows
+        .iter()
+        .filter_map(|r| results.get(&(r.id.clone(), id.to_string())))
+        .collect();
     let ok: Vec<&&ResultRow> = rs.iter().filter(|r| r.ok()).collect();
     for r in rs.iter().filter(|r| !r.ok()) {
-        errors.push(format!("row {} (line {}) × {}: {}", r.row, r.line, r.variant, r.error.as_deref().unwrap_or("no output")));
+        errors.push(format!(
+            "row {} (line {}) × {}: {}",
+            r.row,
+            r.line,
+            r.variant,
+            r.error.as_deref().unwrap_or("no output")
+        ));
     }
     let lat: Vec<f64> = ok.iter().filter_map(|r| r.latency_ms).collect();
     let lat_q = quantiles(&lat, &[0.5, 0.95]);
     let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
     let toks: Vec<f64> = ok.iter().map(|r| r.completion_tokens as f64).collect();
     let mut scores = BTreeMap::new();
-    for s in cfg.scorers.iter().filter(|s| s.score_type() != ScoreType::Preference) {
-        let xs: Vec<f64> = ok.iter().filter_map(|r| r.scores.get(&s.name).copied()).collect();
+    for s in cfg
+        .scorers
+        .iter()
+        .filter(|s| s.score_type() != ScoreType::Preference)
+    {
+        let xs: Vec<f64> = ok
+            .iter()
+            .filter_map(|r| r.scores.get(&s.name).copied())
+            .collect();
         let m = summarize(&xs);
         let (lo, hi) = if s.score_type() == ScoreType::Binary {
             wilson(m.mean, m.n)
         } else {
             (nan_to(m.ci_low, m.mean), nan_to(m.ci_high, m.mean))
         };
-        scores.insert(s.name.clone(), ScoreSummary { n: m.n, mean: m.mean, ci_low: lo, ci_high: hi });
+        scores.insert(
+            s.name.clone(),
+            ScoreSummary {
+                n: m.n,
+                mean: m.mean,
+                ci_low: lo,
+                ci_high: hi,
+            },
+        );
     }
     VariantSummary {
         id: id.to_string(),
@@ -202,7 +258,14 @@ fn variant_summary(cfg: &EvalConfig, ds: &Dataset, results: &Keyed<ResultRow>, i
 
 /// Variant `id` against control on one scorer: a sign test of the judge's verdicts, McNemar
 /// for binary scores, a paired t-test otherwise (pairs: rows both answered).
-fn compare(s: &Scorer, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Keyed<Judgment>, id: &str, control: &str) -> Comparison {
+fn compare(
+    s: &Scorer,
+    ds: &Dataset,
+    results: &Keyed<ResultRow>,
+    judgments: &Keyed<Judgment>,
+    id: &str,
+    control: &str,
+) -> Comparison {
     let base = Comparison {
         variant: id.to_string(),
         scorer: s.name.clone(),
@@ -224,7 +287,11 @@ fn compare(s: &Scorer, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Key
         let st = sign_test(w, l, t);
         // simple CI of the win rate among decided pairs (normal approximation)
         let n = (w + l) as f64;
-        let half = if n > 0.0 { 1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt() } else { f64::NAN };
+        let half = if n > 0.0 {
+            1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt()
+        } else {
+            f64::NAN
+        };
         return Comparison {
             test: "sign".into(),
             pairs: (w + l + t) as usize,
@@ -242,7 +309,9 @@ fn compare(s: &Scorer, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Key
     let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
     let (mut c, mut t) = (Vec::new(), Vec::new());
     for row in &ds.rows {
-        let (Some(a), Some(b)) = (get(&row.id, control), get(&row.id, id)) else { continue };
+        let (Some(a), Some(b)) = (get(&row.id, control), get(&row.id, id)) else {
+            continue;
+        };
         if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
             if a.ok() && b.ok() {
                 c.push(*x);
@@ -252,21 +321,53 @@ fn compare(s: &Scorer, ds: &Dataset, results: &Keyed<ResultRow>, judgments: &Key
     }
     let pt = paired_t(&c, &t);
     let n = c.len();
-    let mean_diff = if n > 0 { t.iter().zip(&c).map(|(y, x)| y - x).sum::<f64>() / n as f64 } else { f64::NAN };
-    let (lo, hi) = pt.map(|p| (p.ci_low, p.ci_high)).unwrap_or((mean_diff, mean_diff));
+    let mean_diff = if n > 0 {
+        t.iter().zip(&c).map(|(y, x)| y - x).sum::<f64>() / n as f64
+    } else {
+        f64::NAN
+    };
+    let (lo, hi) = pt
+        .map(|p| (p.ci_low, p.ci_high))
+        .unwrap_or((mean_diff, mean_diff));
     if s.score_type() == ScoreType::Binary {
-        let m = mcnemar(&c.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(), &t.iter().map(|x| *x >= 0.5).collect::<Vec<_>>());
-        return Comparison { test: "mcnemar".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: m.p_value, ..base };
+        let m = mcnemar(
+            &c.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(),
+            &t.iter().map(|x| *x >= 0.5).collect::<Vec<_>>(),
+        );
+        return Comparison {
+            test: "mcnemar".into(),
+            pairs: n,
+            diff: mean_diff,
+            ci_low: lo,
+            ci_high: hi,
+            p_value: m.p_value,
+            ..base
+        };
     }
-    let p = pt.map(|p| p.p_value).unwrap_or(if n > 0 { 1.0 } else { f64::NAN });
-    Comparison { test: "paired_t".into(), pairs: n, diff: mean_diff, ci_low: lo, ci_high: hi, p_value: p, ..base }
+    let p = pt
+        .map(|p| p.p_value)
+        .unwrap_or(if n > 0 { 1.0 } else { f64::NAN });
+    Comparison {
+        test: "paired_t".into(),
+        pairs: n,
+        diff: mean_diff,
+        ci_low: lo,
+        ci_high: hi,
+        p_value: p,
+        ..base
+    }
 }
 
 /// The terminal table: one line per variant.
 pub fn table(s: &Summary) -> String {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
-    let mut header = vec!["variant".to_string(), "answered".into(), "p50 ms".into(), "p95 ms".into()];
+    let mut header = vec![
+        "variant".to_string(),
+        "answered".into(),
+        "p50 ms".into(),
+        "p95 ms".into(),
+    ];
     for sc in &s.scorers {
         header.push(match sc.score_type {
             ScoreType::Preference => format!("{} win rate", sc.name),
@@ -276,22 +377,54 @@ pub fn table(s: &Summary) -> String {
     t.set_header(header);
     for v in &s.variants {
         let mut line = vec![
-            if v.control { format!("{} (control)", v.id) } else { v.id.clone() },
-            format!("{}{}", v.answered, if v.errors > 0 { format!(" ({} errors)", v.errors) } else { String::new() }),
+            if v.control {
+                format!("{} (control)", v.id)
+            } else {
+                v.id.clone()
+            },
+            format!(
+                "{}{}",
+                v.answered,
+                if v.errors > 0 {
+                    format!(" ({} errors)", v.errors)
+                } else {
+                    String::new()
+                }
+            ),
             format!("{:.0}", v.latency_p50_ms),
             format!("{:.0}", v.latency_p95_ms),
         ];
         for sc in &s.scorers {
-            let cmp = s.comparisons.iter().find(|c| c.variant == v.id && c.scorer == sc.name);
+            let cmp = s
+                .comparisons
+                .iter()
+                .find(|c| c.variant == v.id && c.scorer == sc.name);
             let cell = match (sc.score_type, v.scores.get(&sc.name)) {
                 (ScoreType::Preference, _) => match cmp {
-                    Some(c) => format!("{:.0}% (W{} L{} T{}, {})", c.win_rate.unwrap_or(f64::NAN) * 100.0, c.wins.unwrap_or(0), c.losses.unwrap_or(0), c.ties.unwrap_or(0), p_is(c.p_value)),
+                    Some(c) => format!(
+                        "{:.0}% (W{} L{} T{}, {})",
+                        c.win_rate.unwrap_or(f64::NAN) * 100.0,
+                        c.wins.unwrap_or(0),
+                        c.losses.unwrap_or(0),
+                        c.ties.unwrap_or(0),
+                        p_is(c.p_value)
+                    ),
                     None => "—".into(),
                 },
                 (_, Some(m)) => {
-                    let mut cell = format!("{} [{}, {}]", fmt_num(m.mean), fmt_num(m.ci_low), fmt_num(m.ci_high));
+                    let mut cell = format!(
+                        "{} [{}, {}]",
+                        fmt_num(m.mean),
+                        fmt_num(m.ci_low),
+                        fmt_num(m.ci_high)
+                    );
                     if let Some(c) = cmp {
-                        cell.push_str(&format!("\nΔ {}{} {}", if c.diff >= 0.0 { "+" } else { "" }, fmt_num(c.diff), p_is(c.p_value)));
+                        cell.push_str(&format!(
+                            "\nΔ {}{} {}",
+                            if c.diff >= 0.0 { "+" } else { "" },
+                            fmt_num(c.diff),
+                            p_is(c.p_value)
+                        ));
                     }
                     cell
                 }
@@ -351,7 +484,9 @@ mod tests {
             std::path::Path::new("."),
         )
         .unwrap();
-        let text: String = (0..10).map(|i| format!("{{\"id\": \"r{i}\", \"input\": \"q\", \"expected\": \"x\"}}\n")).collect();
+        let text: String = (0..10)
+            .map(|i| format!("{{\"id\": \"r{i}\", \"input\": \"q\", \"expected\": \"x\"}}\n"))
+            .collect();
         let ds = Dataset::from_jsonl(&text);
         // control passes rows 0-5, the variant rows 3-9; row 9 of the variant failed outright
         let mut results = BTreeMap::new();
@@ -369,7 +504,14 @@ mod tests {
                     ttft_ms: Some(1.0),
                     latency_ms: Some(10.0 * (i + 1) as f64),
                     finish_reason: Some("stop".into()),
-                    scores: [("contains".to_string(), if pass { 1.0 } else { 0.0 }), ("length".to_string(), i as f64 + if v == "v" { 2.0 } else { 0.0 })].into(),
+                    scores: [
+                        ("contains".to_string(), if pass { 1.0 } else { 0.0 }),
+                        (
+                            "length".to_string(),
+                            i as f64 + if v == "v" { 2.0 } else { 0.0 },
+                        ),
+                    ]
+                    .into(),
                     score_errors: Default::default(),
                     error: None,
                     attempts: 1,
@@ -389,7 +531,11 @@ mod tests {
                     control: "c".into(),
                     variant_position: if i % 2 == 0 { "A" } else { "B" }.into(),
                     reply: Some("A".into()),
-                    verdict: Some(if i % 2 == 0 { Verdict::Win } else { Verdict::Loss }),
+                    verdict: Some(if i % 2 == 0 {
+                        Verdict::Win
+                    } else {
+                        Verdict::Loss
+                    }),
                     error: None,
                 };
                 ((j.row.clone(), j.variant.clone()), j)
@@ -402,12 +548,18 @@ mod tests {
         let c = get("contains");
         assert_eq!((c.test.as_str(), c.pairs), ("mcnemar", 9));
         // pairs 0-8: control-only passes rows 0-2, variant-only rows 6-8
-        let m = abserve_ab::mcnemar(&[true, true, true, true, true, true, false, false, false], &[false, false, false, true, true, true, true, true, true]);
+        let m = abserve_ab::mcnemar(
+            &[true, true, true, true, true, true, false, false, false],
+            &[false, false, false, true, true, true, true, true, true],
+        );
         assert_eq!(c.p_value, m.p_value);
         assert!((c.diff - 0.0).abs() < 1e-12);
         let l = get("length");
         assert_eq!(l.test, "paired_t");
-        assert!((l.diff - 2.0).abs() < 1e-12 && (l.ci_low - 2.0).abs() < 1e-12, "constant difference: no spread");
+        assert!(
+            (l.diff - 2.0).abs() < 1e-12 && (l.ci_low - 2.0).abs() < 1e-12,
+            "constant difference: no spread"
+        );
         let j = get("judge");
         assert_eq!((j.wins, j.losses, j.ties), (Some(5), Some(4), Some(0)));
         assert_eq!(s.judge_chose_first, Some(1.0));
@@ -418,7 +570,10 @@ mod tests {
     fn wilson_matches_statsmodels() {
         // statsmodels.stats.proportion.proportion_confint(3, 8, method="wilson")
         let (lo, hi) = super::wilson(3.0 / 8.0, 8);
-        assert!((lo - 0.13684).abs() < 1e-4 && (hi - 0.69425).abs() < 1e-4, "{lo} {hi}");
+        assert!(
+            (lo - 0.13684).abs() < 1e-4 && (hi - 0.69425).abs() < 1e-4,
+            "{lo} {hi}"
+        );
         let (lo, hi) = super::wilson(0.0, 10);
         assert_eq!(lo, 0.0);
         assert!((hi - 0.27753).abs() < 1e-4, "{hi}");

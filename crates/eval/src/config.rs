@@ -60,15 +60,36 @@ pub enum LengthUnit {
 
 #[derive(Debug, Clone)]
 pub enum ScorerKind {
-    Exact { expected: String, case_sensitive: bool },
-    Contains { expected: String, case_sensitive: bool },
-    Regex { re: regex::Regex },
+    Exact {
+        expected: String,
+        case_sensitive: bool,
+    },
+    Contains {
+        expected: String,
+        case_sensitive: bool,
+    },
+    Regex {
+        re: regex::Regex,
+    },
     JsonValid,
-    JsonSchema { schema: serde_json::Value },
-    Length { unit: LengthUnit, max: Option<f64> },
+    JsonSchema {
+        schema: serde_json::Value,
+    },
+    Length {
+        unit: LengthUnit,
+        max: Option<f64>,
+    },
     Latency,
-    Command { argv: Vec<String>, timeout: std::time::Duration },
-    Judge { url: Option<String>, model: Option<String>, prompt: String, seed: u64 },
+    Command {
+        argv: Vec<String>,
+        timeout: std::time::Duration,
+    },
+    Judge {
+        url: Option<String>,
+        model: Option<String>,
+        prompt: String,
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -95,17 +116,31 @@ pub enum Better {
     Neither,
 }
 
-pub const KNOWN: &[&str] = &["exact", "contains", "regex", "json_valid", "json_schema", "length", "latency", "command", "judge"];
+pub const KNOWN: &[&str] = &[
+    "exact",
+    "contains",
+    "regex",
+    "json_valid",
+    "json_schema",
+    "length",
+    "latency",
+    "command",
+    "judge",
+];
 
 pub const DEFAULT_JUDGE_PROMPT: &str = "Two assistants answered the same message.\n\nMessage:\n{{ input }}\n\n[Answer A]\n{{ a }}\n\n[Answer B]\n{{ b }}\n\nWhich answer is more helpful, correct and clear? Reply with one letter: A or B.";
 
 impl Scorer {
     pub fn score_type(&self) -> ScoreType {
         match &self.kind {
-            ScorerKind::Exact { .. } | ScorerKind::Contains { .. } | ScorerKind::Regex { .. } => ScoreType::Binary,
+            ScorerKind::Exact { .. } | ScorerKind::Contains { .. } | ScorerKind::Regex { .. } => {
+                ScoreType::Binary
+            }
             ScorerKind::JsonValid | ScorerKind::JsonSchema { .. } => ScoreType::Binary,
             ScorerKind::Length { max: Some(_), .. } => ScoreType::Binary,
-            ScorerKind::Length { max: None, .. } | ScorerKind::Latency | ScorerKind::Command { .. } => ScoreType::Continuous,
+            ScorerKind::Length { max: None, .. }
+            | ScorerKind::Latency
+            | ScorerKind::Command { .. } => ScoreType::Continuous,
             ScorerKind::Judge { .. } => ScoreType::Preference,
         }
     }
@@ -121,7 +156,9 @@ impl Scorer {
     /// Template strings this scorer renders with a row's fields.
     pub fn templates(&self) -> Vec<&str> {
         match &self.kind {
-            ScorerKind::Exact { expected, .. } | ScorerKind::Contains { expected, .. } => vec![expected.as_str()],
+            ScorerKind::Exact { expected, .. } | ScorerKind::Contains { expected, .. } => {
+                vec![expected.as_str()]
+            }
             _ => vec![],
         }
     }
@@ -139,7 +176,12 @@ impl ScorerDef {
             "length" => &["unit", "max"],
             "command" => &["command", "timeout"],
             "judge" => &["url", "model", "prompt", "seed"],
-            other => return Some(format!("unknown scorer type '{other}' (known: {})", KNOWN.join(", "))),
+            other => {
+                return Some(format!(
+                    "unknown scorer type '{other}' (known: {})",
+                    KNOWN.join(", ")
+                ))
+            }
         };
         let given = [
             ("expected", self.expected.is_some()),
@@ -167,16 +209,30 @@ impl ScorerDef {
             return Err(at(m));
         }
         let expected = || -> Result<String, EvalError> {
-            let t = self.expected.clone().unwrap_or_else(|| "{{ expected }}".into());
+            let t = self
+                .expected
+                .clone()
+                .unwrap_or_else(|| "{{ expected }}".into());
             template_fields(&t).map_err(|e| at(format!("expected: {e}")))?;
             Ok(t)
         };
         let kind = match self.kind.as_str() {
-            "exact" => ScorerKind::Exact { expected: expected()?, case_sensitive: self.case_sensitive.unwrap_or(false) },
-            "contains" => ScorerKind::Contains { expected: expected()?, case_sensitive: self.case_sensitive.unwrap_or(false) },
+            "exact" => ScorerKind::Exact {
+                expected: expected()?,
+                case_sensitive: self.case_sensitive.unwrap_or(false),
+            },
+            "contains" => ScorerKind::Contains {
+                expected: expected()?,
+                case_sensitive: self.case_sensitive.unwrap_or(false),
+            },
             "regex" => {
-                let p = self.pattern.as_deref().ok_or_else(|| at("needs a pattern".into()))?;
-                ScorerKind::Regex { re: regex::Regex::new(p).map_err(|e| at(format!("bad pattern: {e}")))? }
+                let p = self
+                    .pattern
+                    .as_deref()
+                    .ok_or_else(|| at("needs a pattern".into()))?;
+                ScorerKind::Regex {
+                    re: regex::Regex::new(p).map_err(|e| at(format!("bad pattern: {e}")))?,
+                }
             }
             "json_valid" => ScorerKind::JsonValid,
             "json_schema" => {
@@ -184,12 +240,15 @@ impl ScorerDef {
                     (Some(s), None) => serde_json::to_value(s).map_err(|e| at(e.to_string()))?,
                     (None, Some(f)) => {
                         let path = base_dir.join(f);
-                        let text = std::fs::read_to_string(&path).map_err(|e| at(format!("cannot read {}: {e}", path.display())))?;
-                        serde_json::from_str(&text).map_err(|e| at(format!("{} is not JSON: {e}", path.display())))?
+                        let text = std::fs::read_to_string(&path)
+                            .map_err(|e| at(format!("cannot read {}: {e}", path.display())))?;
+                        serde_json::from_str(&text)
+                            .map_err(|e| at(format!("{} is not JSON: {e}", path.display())))?
                     }
                     _ => return Err(at("give exactly one of schema or schema_file".into())),
                 };
-                jsonschema::validator_for(&schema).map_err(|e| at(format!("invalid JSON schema: {e}")))?;
+                jsonschema::validator_for(&schema)
+                    .map_err(|e| at(format!("invalid JSON schema: {e}")))?;
                 ScorerKind::JsonSchema { schema }
             }
             "length" => {
@@ -204,21 +263,41 @@ impl ScorerDef {
                         return Err(at(format!("max {m} must be a number ≥ 0")));
                     }
                 }
-                ScorerKind::Length { unit, max: self.max }
+                ScorerKind::Length {
+                    unit,
+                    max: self.max,
+                }
             }
             "latency" => ScorerKind::Latency,
             "command" => {
-                let argv = self.command.clone().filter(|c| !c.is_empty()).ok_or_else(|| at("needs command = [\"program\", \"arg\", ...]".into()))?;
+                let argv = self
+                    .command
+                    .clone()
+                    .filter(|c| !c.is_empty())
+                    .ok_or_else(|| at("needs command = [\"program\", \"arg\", ...]".into()))?;
                 let t = self.timeout.unwrap_or(10.0);
                 if !(t.is_finite() && t > 0.0) {
-                    return Err(at(format!("timeout {t} must be a positive number of seconds")));
+                    return Err(at(format!(
+                        "timeout {t} must be a positive number of seconds"
+                    )));
                 }
-                ScorerKind::Command { argv, timeout: std::time::Duration::from_secs_f64(t) }
+                ScorerKind::Command {
+                    argv,
+                    timeout: std::time::Duration::from_secs_f64(t),
+                }
             }
             "judge" => {
-                let prompt = self.prompt.clone().unwrap_or_else(|| DEFAULT_JUDGE_PROMPT.into());
+                let prompt = self
+                    .prompt
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_JUDGE_PROMPT.into());
                 template_fields(&prompt).map_err(|e| at(format!("prompt: {e}")))?;
-                ScorerKind::Judge { url: self.url.clone(), model: self.model.clone(), prompt, seed: self.seed.unwrap_or(0) }
+                ScorerKind::Judge {
+                    url: self.url.clone(),
+                    model: self.model.clone(),
+                    prompt,
+                    seed: self.seed.unwrap_or(0),
+                }
             }
             _ => unreachable!("checked above"),
         };
@@ -236,27 +315,39 @@ pub struct EvalConfig {
 impl EvalConfig {
     pub fn load(path: &Path) -> Result<EvalConfig, EvalError> {
         let text = std::fs::read_to_string(path).map_err(EvalError::io(path))?;
-        Self::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| EvalError::Config(format!("{}: {e}", path.display())))
+        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
+            .map_err(|e| EvalError::Config(format!("{}: {e}", path.display())))
     }
 
     pub fn parse(text: &str, base_dir: &Path) -> Result<EvalConfig, EvalError> {
         let f: EvalFile = toml::from_str(text).map_err(|e| EvalError::Config(e.to_string()))?;
         let mut exps = f.experiment;
         if exps.len() != 1 {
-            return Err(EvalError::Config(format!("needs exactly one [[experiment]], found {}", exps.len())));
+            return Err(EvalError::Config(format!(
+                "needs exactly one [[experiment]], found {}",
+                exps.len()
+            )));
         }
         let experiment = exps.remove(0);
-        experiment.validate_shape().map_err(|e| EvalError::Config(e.0))?;
+        experiment
+            .validate_shape()
+            .map_err(|e| EvalError::Config(e.0))?;
         let mut scorers = Vec::new();
         let mut names = std::collections::HashSet::new();
         for d in &f.scorer {
             let s = d.build(base_dir)?;
             if !names.insert(s.name.clone()) {
-                return Err(EvalError::Config(format!("two scorers are named '{}'; give one a name = \"...\"", s.name)));
+                return Err(EvalError::Config(format!(
+                    "two scorers are named '{}'; give one a name = \"...\"",
+                    s.name
+                )));
             }
             scorers.push(s);
         }
-        Ok(EvalConfig { experiment, scorers })
+        Ok(EvalConfig {
+            experiment,
+            scorers,
+        })
     }
 
     pub fn control(&self) -> &str {
@@ -264,7 +355,9 @@ impl EvalConfig {
     }
 
     pub fn judge(&self) -> Option<&Scorer> {
-        self.scorers.iter().find(|s| matches!(s.kind, ScorerKind::Judge { .. }))
+        self.scorers
+            .iter()
+            .find(|s| matches!(s.kind, ScorerKind::Judge { .. }))
     }
 }
 
@@ -292,17 +385,32 @@ template = "{{ category }}: {{ input }}"
         assert_eq!(c.scorers.len(), 3);
         assert_eq!(c.scorers[1].score_type(), ScoreType::Binary);
         assert_eq!(c.control(), "a");
-        let e = parse("[[scorer]]\ntype = \"bleu\"\n").unwrap_err().to_string();
-        assert!(e.contains("unknown scorer type 'bleu'") && e.contains("contains"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"regex\"\npattern = \"(\"\n").unwrap_err().to_string();
+        let e = parse("[[scorer]]\ntype = \"bleu\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown scorer type 'bleu'") && e.contains("contains"),
+            "{e}"
+        );
+        let e = parse("[[scorer]]\ntype = \"regex\"\npattern = \"(\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bad pattern"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"latency\"\npattern = \"x\"\n").unwrap_err().to_string();
+        let e = parse("[[scorer]]\ntype = \"latency\"\npattern = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'pattern' does not apply"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"latency\"\n[[scorer]]\ntype = \"latency\"\n").unwrap_err().to_string();
+        let e = parse("[[scorer]]\ntype = \"latency\"\n[[scorer]]\ntype = \"latency\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("two scorers are named 'latency'"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"json_schema\"\nschema = { type = 12 }\n").unwrap_err().to_string();
+        let e = parse("[[scorer]]\ntype = \"json_schema\"\nschema = { type = 12 }\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid JSON schema"), "{e}");
-        let e = parse("[[scorer]]\ntype = \"command\"\n").unwrap_err().to_string();
+        let e = parse("[[scorer]]\ntype = \"command\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs command"), "{e}");
     }
 }

@@ -16,7 +16,11 @@ pub enum EvalError {
     },
     /// A line of `results.jsonl` that is not a result (a file from another tool or version).
     #[error("{} line {line}: {message}", path.display())]
-    Log { path: PathBuf, line: usize, message: String },
+    Log {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     /// The eval file: its TOML, its experiment or its scorers.
     #[error("{0}")]
     Config(String),
@@ -60,7 +64,11 @@ pub enum ScoreError {
     #[error("{command} timed out after {seconds:.1} s")]
     Timeout { command: String, seconds: f64 },
     #[error("{command} exited with {status}: {stderr}")]
-    Exit { command: String, status: String, stderr: String },
+    Exit {
+        command: String,
+        status: String,
+        stderr: String,
+    },
     #[error("{command} printed no number: {output:?}")]
     Output { command: String, output: String },
     #[error("the judge scores pairs, not single answers")]

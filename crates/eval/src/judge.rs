@@ -59,7 +59,9 @@ mod tests {
 
     #[test]
     fn order_is_random_but_stable_and_verdicts_follow_the_position() {
-        let firsts = (0..400).filter(|i| variant_first(0, &format!("row{i}"), "b")).count();
+        let firsts = (0..400)
+            .filter(|i| variant_first(0, &format!("row{i}"), "b"))
+            .count();
         assert!((160..240).contains(&firsts), "about half first: {firsts}");
         assert_eq!(variant_first(3, "r", "v"), variant_first(3, "r", "v"));
         assert_eq!(verdict("A", true), Verdict::Win);

@@ -20,22 +20,36 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new(total);
             b.set_style(
-                ProgressStyle::with_template("{prefix:>8} [{bar:30.cyan/blue}] {pos}/{len} {elapsed}<{eta} {msg}")
-                    .expect("valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{prefix:>8} [{bar:30.cyan/blue}] {pos}/{len} {elapsed}<{eta} {msg}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
             );
             b.set_prefix(label.to_string());
             b.enable_steady_tick(Duration::from_millis(200));
             b
         });
-        Progress { bar, label: label.into(), total, started: Instant::now(), last_line: std::sync::Mutex::new(Instant::now()) }
+        Progress {
+            bar,
+            label: label.into(),
+            total,
+            started: Instant::now(),
+            last_line: std::sync::Mutex::new(Instant::now()),
+        }
     }
 
     /// Updates the counters; `memory` is the model process's resident bytes when known.
     pub fn update(&self, done: u64, tokens: u64, memory: Option<u64>) {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        let mem = memory.map(|m| format!(", rss {}", human_bytes(m))).unwrap_or_default();
-        let rate = if tokens > 0 { format!("{:.1} tok/s", tokens as f64 / secs) } else { String::new() };
+        let mem = memory
+            .map(|m| format!(", rss {}", human_bytes(m)))
+            .unwrap_or_default();
+        let rate = if tokens > 0 {
+            format!("{:.1} tok/s", tokens as f64 / secs)
+        } else {
+            String::new()
+        };
         let msg = format!("{rate}{mem}").trim_start_matches(", ").to_string();
         match &self.bar {
             Some(b) => {
@@ -47,12 +61,18 @@ impl Progress {
                 if last.elapsed() >= Duration::from_secs(5) || done == self.total {
                     *last = Instant::now();
                     let eta = if done > 0 && done < self.total {
-                        format!(", eta {:.0} s", secs / done as f64 * (self.total - done) as f64)
+                        format!(
+                            ", eta {:.0} s",
+                            secs / done as f64 * (self.total - done) as f64
+                        )
                     } else {
                         String::new()
                     };
                     let sep = if msg.is_empty() { "" } else { ", " };
-                    eprintln!("{}: {done}/{} done in {secs:.0} s{sep}{msg}{eta}", self.label, self.total);
+                    eprintln!(
+                        "{}: {done}/{} done in {secs:.0} s{sep}{msg}{eta}",
+                        self.label, self.total
+                    );
                 }
             }
         }

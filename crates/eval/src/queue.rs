@@ -64,7 +64,10 @@ pub struct Queues {
 
 impl Queues {
     pub fn new(name: &str) -> Queues {
-        Queues { jobs: name.to_string(), dead: format!("{name}.dead") }
+        Queues {
+            jobs: name.to_string(),
+            dead: format!("{name}.dead"),
+        }
     }
 
     /// The results queue of one eval run.
@@ -74,14 +77,33 @@ impl Queues {
 
     /// Declares the jobs and dead-letter queues (idempotent with equal arguments).
     pub async fn declare(&self, ch: &Channel) -> Result<lapin::Queue, EvalError> {
-        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-        ch.queue_declare(&self.dead, durable, FieldTable::default()).await.map_err(amqp("declaring the dead-letter queue"))?;
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare(&self.dead, durable, FieldTable::default())
+            .await
+            .map_err(amqp("declaring the dead-letter queue"))?;
         let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
-        args.insert("x-delivery-limit".into(), AMQPValue::LongInt(DELIVERY_LIMIT));
-        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
-        args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(self.dead.as_str().into()));
-        ch.queue_declare(&self.jobs, durable, args).await.map_err(amqp("declaring the jobs queue"))
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongInt(DELIVERY_LIMIT),
+        );
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(self.dead.as_str().into()),
+        );
+        ch.queue_declare(&self.jobs, durable, args)
+            .await
+            .map_err(amqp("declaring the jobs queue"))
     }
 }
 
@@ -89,19 +111,33 @@ impl Queues {
 pub async fn connect(url: &str) -> Result<(Connection, Channel), EvalError> {
     let conn = Connection::connect(url, ConnectionProperties::default())
         .await
-        .map_err(|e| EvalError::Queue(format!("cannot connect to {}: {e}", without_password(url))))?;
-    let ch = conn.create_channel().await.map_err(amqp("opening a channel"))?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("enabling publisher confirms"))?;
+        .map_err(|e| {
+            EvalError::Queue(format!("cannot connect to {}: {e}", without_password(url)))
+        })?;
+    let ch = conn
+        .create_channel()
+        .await
+        .map_err(amqp("opening a channel"))?;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(amqp("enabling publisher confirms"))?;
     Ok((conn, ch))
 }
 
 /// Persistent JSON message properties.
 pub fn persistent() -> BasicProperties {
-    BasicProperties::default().with_delivery_mode(2).with_content_type(ShortString::from("application/json"))
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type(ShortString::from("application/json"))
 }
 
 /// Publishes and waits for the broker's confirm; a nack is an error.
-pub async fn publish_confirmed(ch: &Channel, queue: &str, body: &[u8], props: BasicProperties) -> Result<(), EvalError> {
+pub async fn publish_confirmed(
+    ch: &Channel,
+    queue: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> Result<(), EvalError> {
     let confirm = ch
         .basic_publish("", queue, Default::default(), body, props)
         .await
@@ -109,7 +145,9 @@ pub async fn publish_confirmed(ch: &Channel, queue: &str, body: &[u8], props: Ba
         .await
         .map_err(amqp("waiting for the publisher confirm"))?;
     if !confirm.is_ack() {
-        return Err(EvalError::Queue(format!("the broker refused a message for '{queue}' (nack)")));
+        return Err(EvalError::Queue(format!(
+            "the broker refused a message for '{queue}' (nack)"
+        )));
     }
     Ok(())
 }

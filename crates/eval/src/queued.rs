@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use abserve_ab::Variant;
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
 use lapin::types::FieldTable;
 use lapin::Channel;
 use rand::Rng;
@@ -50,12 +52,20 @@ pub(crate) async fn generate(
     let queues = Queues::new(&q.queue);
     let declared = queues.declare(&ch).await?;
     let results = queues.results(&run);
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     // the results of a run whose eval was killed are dropped by the broker a day after its
     // last consumer left (a rerun of the eval resumes from results.jsonl with a new run)
     let mut args = FieldTable::default();
-    args.insert("x-expires".into(), lapin::types::AMQPValue::LongInt(RESULTS_EXPIRE_MS));
-    ch.queue_declare(&results, durable, args).await.map_err(amqp("declaring the results queue"))?;
+    args.insert(
+        "x-expires".into(),
+        lapin::types::AMQPValue::LongInt(RESULTS_EXPIRE_MS),
+    );
+    ch.queue_declare(&results, durable, args)
+        .await
+        .map_err(amqp("declaring the results queue"))?;
 
     let mut pending: BTreeMap<String, (&Row, &Variant)> = BTreeMap::new();
     let mut confirms = Vec::new();
@@ -69,23 +79,62 @@ pub(crate) async fn generate(
                 continue;
             }
         };
-        let job = Job { id: format!("{run}/{}/{}", row.id, v.id), run: run.clone(), row: row.id.clone(), variant: v.id.clone(), call };
-        let body = serde_json::to_vec(&job).map_err(|e| EvalError::Queue(format!("encoding a job: {e}")))?;
-        let props = queue::persistent().with_reply_to(results.as_str().into()).with_message_id(job.id.as_str().into());
-        confirms.push(ch.basic_publish("", &queues.jobs, Default::default(), &body, props).await.map_err(amqp("publishing a job"))?);
+        let job = Job {
+            id: format!("{run}/{}/{}", row.id, v.id),
+            run: run.clone(),
+            row: row.id.clone(),
+            variant: v.id.clone(),
+            call,
+        };
+        let body = serde_json::to_vec(&job)
+            .map_err(|e| EvalError::Queue(format!("encoding a job: {e}")))?;
+        let props = queue::persistent()
+            .with_reply_to(results.as_str().into())
+            .with_message_id(job.id.as_str().into());
+        confirms.push(
+            ch.basic_publish("", &queues.jobs, Default::default(), &body, props)
+                .await
+                .map_err(amqp("publishing a job"))?,
+        );
         pending.insert(job.id, (row, v));
     }
     for c in confirms {
-        if !c.await.map_err(amqp("waiting for a publisher confirm"))?.is_ack() {
-            return Err(EvalError::Queue(format!("the broker refused a job for '{}' (nack)", queues.jobs)));
+        if !c
+            .await
+            .map_err(amqp("waiting for a publisher confirm"))?
+            .is_ack()
+        {
+            return Err(EvalError::Queue(format!(
+                "the broker refused a job for '{}' (nack)",
+                queues.jobs
+            )));
         }
     }
     let workers = declared.consumer_count();
     eprintln!("eval: {} jobs confirmed on '{}' (run {run}, {workers} workers consuming); results on '{results}'", pending.len(), queues.jobs);
-    collect(cfg, &conn, &ch, &queues, &results, q.prefetch, &mut pending, &mut keep).await?;
-    ch.queue_delete(&results, QueueDeleteOptions::default()).await.map_err(amqp("deleting the results queue"))?;
+    collect(
+        cfg,
+        &conn,
+        &ch,
+        &queues,
+        &results,
+        q.prefetch,
+        &mut pending,
+        &mut keep,
+    )
+    .await?;
+    ch.queue_delete(&results, QueueDeleteOptions::default())
+        .await
+        .map_err(amqp("deleting the results queue"))?;
     let _ = conn.close(200, "eval done").await;
-    Ok(Capacity { concurrency: q.prefetch as usize, source: format!("RabbitMQ queue '{}' ({workers} workers at the start)", queues.jobs), abserve: false })
+    Ok(Capacity {
+        concurrency: q.prefetch as usize,
+        source: format!(
+            "RabbitMQ queue '{}' ({workers} workers at the start)",
+            queues.jobs
+        ),
+        abserve: false,
+    })
 }
 
 /// Consumes the run's results until every pending job has one; says what it waits for when
@@ -101,17 +150,32 @@ async fn collect(
     pending: &mut BTreeMap<String, (&Row, &Variant)>,
     keep: &mut impl FnMut(ResultRow) -> Result<(), EvalError>,
 ) -> Result<(), EvalError> {
-    let consume = conn.create_channel().await.map_err(amqp("opening a channel"))?;
-    consume.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(amqp("setting the prefetch"))?;
+    let consume = conn
+        .create_channel()
+        .await
+        .map_err(amqp("opening a channel"))?;
+    consume
+        .basic_qos(prefetch.max(1), BasicQosOptions::default())
+        .await
+        .map_err(amqp("setting the prefetch"))?;
     let mut consumer = consume
-        .basic_consume(results, "eval", BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            results,
+            "eval",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .map_err(amqp("consuming results"))?;
     let mut last = Instant::now();
     while !pending.is_empty() {
         let d = match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
             Ok(Some(d)) => d.map_err(amqp("receiving a result"))?,
-            Ok(None) => return Err(EvalError::Queue(format!("the broker closed the results queue '{results}'"))),
+            Ok(None) => {
+                return Err(EvalError::Queue(format!(
+                    "the broker closed the results queue '{results}'"
+                )))
+            }
             Err(_) => {
                 waiting(ch, queues, pending.len(), last.elapsed()).await;
                 continue;
@@ -122,7 +186,9 @@ async fn collect(
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("dropping a message on '{results}' that is not a result: {e}");
-                d.ack(BasicAckOptions::default()).await.map_err(amqp("acknowledging"))?;
+                d.ack(BasicAckOptions::default())
+                    .await
+                    .map_err(amqp("acknowledging"))?;
                 continue;
             }
         };
@@ -131,18 +197,26 @@ async fn collect(
             let mut row_result = blank(row, v);
             let answer = match (r.generation, r.error) {
                 (Some(g), None) => Ok(g),
-                (_, e) => Err(e.unwrap_or_else(|| "the worker sent neither an answer nor an error".into())),
+                (_, e) => {
+                    Err(e
+                        .unwrap_or_else(|| "the worker sent neither an answer nor an error".into()))
+                }
             };
             record(cfg, row, &mut row_result, answer, r.attempts).await;
             keep(row_result)?;
         }
-        d.ack(BasicAckOptions::default()).await.map_err(amqp("acknowledging"))?;
+        d.ack(BasicAckOptions::default())
+            .await
+            .map_err(amqp("acknowledging"))?;
     }
     Ok(())
 }
 
 async fn waiting(ch: &Channel, queues: &Queues, pending: usize, quiet: Duration) {
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
     match ch.queue_declare(&queues.jobs, passive, FieldTable::default()).await {
         Ok(q) if q.consumer_count() == 0 => eprintln!(
             "eval: waiting for {pending} results; no worker consumes '{}' ({} jobs ready): start `abserve worker --amqp …`",

@@ -18,7 +18,11 @@ pub fn render(s: &Summary) -> String {
         s.peak_memory_bytes.map(|b| format!("; peak memory {}", abserve_engine::plan::human_bytes(b))).unwrap_or_default()
     ));
     o.push_str("## Variants\n\n| variant | answered | errors | latency p50 (ms) | latency p95 (ms) | TTFT p50 (ms) | mean tokens |");
-    let plain: Vec<_> = s.scorers.iter().filter(|x| x.score_type != ScoreType::Preference).collect();
+    let plain: Vec<_> = s
+        .scorers
+        .iter()
+        .filter(|x| x.score_type != ScoreType::Preference)
+        .collect();
     for sc in &plain {
         o.push_str(&format!(" {} (95% CI) |", sc.name));
     }
@@ -39,13 +43,21 @@ pub fn render(s: &Summary) -> String {
         ));
         for sc in &plain {
             match v.scores.get(&sc.name) {
-                Some(m) => o.push_str(&format!(" {} [{}, {}] |", fmt_num(m.mean), fmt_num(m.ci_low), fmt_num(m.ci_high))),
+                Some(m) => o.push_str(&format!(
+                    " {} [{}, {}] |",
+                    fmt_num(m.mean),
+                    fmt_num(m.ci_low),
+                    fmt_num(m.ci_high)
+                )),
                 None => o.push_str(" — |"),
             }
         }
         o.push('\n');
     }
-    o.push_str(&format!("\n## Against control ({}), paired on the same rows\n\n", s.control));
+    o.push_str(&format!(
+        "\n## Against control ({}), paired on the same rows\n\n",
+        s.control
+    ));
     o.push_str("| variant | scorer | test | pairs | difference (95% CI) | p-value | better |\n|---|---|---|---:|---|---:|---|\n");
     for c in &s.comparisons {
         let diff = match c.score_type {
@@ -56,14 +68,28 @@ pub fn render(s: &Summary) -> String {
                 c.losses.unwrap_or(0),
                 c.ties.unwrap_or(0)
             ),
-            _ => format!("{} [{}, {}]", fmt_num(c.diff), fmt_num(c.ci_low), fmt_num(c.ci_high)),
+            _ => format!(
+                "{} [{}, {}]",
+                fmt_num(c.diff),
+                fmt_num(c.ci_low),
+                fmt_num(c.ci_high)
+            ),
         };
         let better = match c.better {
             Better::Higher => "higher",
             Better::Lower => "lower",
             Better::Neither => "—",
         };
-        o.push_str(&format!("| {} | {} | {} | {} | {} | {} | {} |\n", c.variant, c.scorer, c.test, c.pairs, diff, fmt_p(c.p_value), better));
+        o.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            c.variant,
+            c.scorer,
+            c.test,
+            c.pairs,
+            diff,
+            fmt_p(c.p_value),
+            better
+        ));
     }
     if let Some(w) = crate::analysis::judge_warning(s) {
         o.push_str(&format!("\n> **Judge:** {w}\n"));

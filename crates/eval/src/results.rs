@@ -77,7 +77,11 @@ impl Log {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(EvalError::io(path)(e)),
         };
-        let keep = text.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
+        let keep = text
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map(|p| p + 1)
+            .unwrap_or(0);
         if keep < text.len() {
             text.truncate(keep);
             std::fs::write(path, &text).map_err(EvalError::io(path))?;
@@ -87,11 +91,25 @@ impl Log {
             if line.trim().is_empty() {
                 continue;
             }
-            let bad = |e: serde_json::Error| EvalError::Log { path: path.to_path_buf(), line: i + 1, message: e.to_string() };
+            let bad = |e: serde_json::Error| EvalError::Log {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message: e.to_string(),
+            };
             items.push(serde_json::from_str(line).map_err(bad)?);
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(EvalError::io(path))?;
-        Ok((Log { path: path.to_path_buf(), file: Mutex::new(file) }, items))
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(EvalError::io(path))?;
+        Ok((
+            Log {
+                path: path.to_path_buf(),
+                file: Mutex::new(file),
+            },
+            items,
+        ))
     }
 
     /// Appends one line in a single write.
@@ -99,17 +117,23 @@ impl Log {
         let mut line = serde_json::to_vec(item).map_err(|e| EvalError::io(&self.path)(e.into()))?;
         line.push(b'\n');
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        f.write_all(&line).and_then(|_| f.flush()).map_err(EvalError::io(&self.path))
+        f.write_all(&line)
+            .and_then(|_| f.flush())
+            .map_err(EvalError::io(&self.path))
     }
 }
 
 /// The last line per (row, variant): a rerun may append a retry of a failed row.
 pub fn latest(rows: Vec<ResultRow>) -> BTreeMap<(String, String), ResultRow> {
-    rows.into_iter().map(|r| ((r.row.clone(), r.variant.clone()), r)).collect()
+    rows.into_iter()
+        .map(|r| ((r.row.clone(), r.variant.clone()), r))
+        .collect()
 }
 
 pub fn latest_judgments(js: Vec<Judgment>) -> BTreeMap<(String, String), Judgment> {
-    js.into_iter().map(|j| ((j.row.clone(), j.variant.clone()), j)).collect()
+    js.into_iter()
+        .map(|j| ((j.row.clone(), j.variant.clone()), j))
+        .collect()
 }
 
 /// The verdict counts of a variant (for the tests and the report).
@@ -139,7 +163,10 @@ mod tests {
         let (log, items) = Log::open::<serde_json::Value>(&p).unwrap();
         assert_eq!(items.len(), 2);
         log.append(&serde_json::json!({"a": 3})).unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -32,17 +32,24 @@ pub const DEFAULT_MAX_TOKENS: u32 = 256;
 pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), EvalError> {
     let none: HashSet<&str> = HashSet::new();
     for v in &cfg.experiment.variants {
-        let f = template_fields(&v.template).map_err(|e| EvalError::Config(format!("variant '{}': {e}", v.id)))?;
+        let f = template_fields(&v.template)
+            .map_err(|e| EvalError::Config(format!("variant '{}': {e}", v.id)))?;
         ds.require(&format!("the template of variant '{}'", v.id), &f, &none)?;
     }
     for s in &cfg.scorers {
         for t in s.templates() {
-            let f = template_fields(t).map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
+            let f = template_fields(t)
+                .map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
             ds.require(&format!("scorer '{}'", s.name), &f, &none)?;
         }
         if let ScorerKind::Judge { prompt, .. } = &s.kind {
-            let f = template_fields(prompt).map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
-            ds.require(&format!("the prompt of scorer '{}'", s.name), &f, &["a", "b"].into())?;
+            let f = template_fields(prompt)
+                .map_err(|e| EvalError::Config(format!("scorer '{}': {e}", s.name)))?;
+            ds.require(
+                &format!("the prompt of scorer '{}'", s.name),
+                &f,
+                &["a", "b"].into(),
+            )?;
         }
     }
     if ds.rows.is_empty() {
@@ -51,18 +58,23 @@ pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), EvalError> {
     Ok(())
 }
 
-
 /// The chat request of `v` for `row`. Without a variant seed, all variants of a row share one
 /// (derived from the row's id): sampled variants then differ by their prompts, not by luck.
 pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
     let messages = v.chat_for_row(&Value::Object(row.fields.clone()))?;
     let s = v.sampling();
     Ok(Call {
-        messages: messages.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect(),
+        messages: messages
+            .iter()
+            .map(|m| ChatMessage::new(&m.role, &m.content))
+            .collect(),
         temperature: s.temperature,
         top_p: s.top_p,
         max_tokens: s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        seed: Some(s.seed.unwrap_or_else(|| crate::dataset::fnv1a(row.id.bytes()) >> 1)),
+        seed: Some(
+            s.seed
+                .unwrap_or_else(|| crate::dataset::fnv1a(row.id.bytes()) >> 1),
+        ),
         stop: s.stop,
         presence_penalty: s.presence_penalty,
         frequency_penalty: s.frequency_penalty,
@@ -93,7 +105,11 @@ pub struct Outcome {
 
 /// Asks the target, retrying 429s (Retry-After, else exponential backoff; with jitter) and
 /// transient failures (3 tries).
-async fn ask(target: &Target, call: &Call, max_overloaded: u32) -> (Result<crate::target::Generation, CallError>, u32) {
+async fn ask(
+    target: &Target,
+    call: &Call,
+    max_overloaded: u32,
+) -> (Result<crate::target::Generation, CallError>, u32) {
     let (mut attempts, mut overloaded, mut transient) = (0u32, 0u32, 0u32);
     loop {
         attempts += 1;
@@ -125,7 +141,10 @@ async fn score_all(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, only_missing:
         return;
     }
     for s in &cfg.scorers {
-        if matches!(s.kind, ScorerKind::Judge { .. }) || (only_missing && (r.scores.contains_key(&s.name) || r.score_errors.contains_key(&s.name))) {
+        if matches!(s.kind, ScorerKind::Judge { .. })
+            || (only_missing
+                && (r.scores.contains_key(&s.name) || r.score_errors.contains_key(&s.name)))
+        {
             continue;
         }
         match scorers::score(s, row, r).await {
@@ -161,7 +180,13 @@ pub(crate) fn blank(row: &Row, v: &Variant) -> ResultRow {
 }
 
 /// Fills in an answer (scored) or its error.
-pub(crate) async fn record(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, answer: Result<crate::target::Generation, String>, attempts: u32) {
+pub(crate) async fn record(
+    cfg: &EvalConfig,
+    row: &Row,
+    r: &mut ResultRow,
+    answer: Result<crate::target::Generation, String>,
+    attempts: u32,
+) {
     r.attempts = attempts;
     match answer {
         Ok(g) => {
@@ -177,7 +202,13 @@ pub(crate) async fn record(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, answe
     }
 }
 
-async fn generate(cfg: &EvalConfig, v: &Variant, row: &Row, target: &Target, max_overloaded: u32) -> ResultRow {
+async fn generate(
+    cfg: &EvalConfig,
+    v: &Variant,
+    row: &Row,
+    target: &Target,
+    max_overloaded: u32,
+) -> ResultRow {
     let mut r = blank(row, v);
     let call = match call_for(v, row) {
         Ok(c) => c,
@@ -205,12 +236,23 @@ pub(crate) struct Counters {
 }
 
 /// Runs what is not done yet and returns everything done, old and new.
-pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: Option<Arc<Target>>, opts: &Options) -> Result<Outcome, EvalError> {
+pub async fn run(
+    cfg: &EvalConfig,
+    ds: &Dataset,
+    source: Source,
+    judge_target: Option<Arc<Target>>,
+    opts: &Options,
+) -> Result<Outcome, EvalError> {
     let started = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out).map_err(EvalError::io(&opts.out))?;
     let (log, old) = Log::open::<ResultRow>(&opts.out.join("results.jsonl"))?;
     let mut results = latest(old);
-    let variants: BTreeSet<&str> = cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect();
+    let variants: BTreeSet<&str> = cfg
+        .experiment
+        .variants
+        .iter()
+        .map(|v| v.id.as_str())
+        .collect();
     let rows: BTreeMap<&str, &Row> = ds.rows.iter().map(|r| (r.id.as_str(), r)).collect();
     let judge_target = judge_for(cfg, &source, judge_target)?;
 
@@ -228,7 +270,10 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
     }
     let total = jobs.len() as u64;
     if skipped_done > 0 {
-        eprintln!("eval: resuming: {skipped_done} answers already in {}, {total} to go", opts.out.display());
+        eprintln!(
+            "eval: resuming: {skipped_done} answers already in {}, {total} to go",
+            opts.out.display()
+        );
     }
     let counters = Arc::new(Counters::default());
     let peak = Arc::new(AtomicU64::new(0));
@@ -237,7 +282,13 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
     let capacity = match &source {
         Source::Target(target) => {
             let capacity = capacity(target, opts).await;
-            let ticker = spawn_ticker(progress.clone(), Some(target.clone()), capacity.abserve, counters.clone(), peak.clone());
+            let ticker = spawn_ticker(
+                progress.clone(),
+                Some(target.clone()),
+                capacity.abserve,
+                counters.clone(),
+                peak.clone(),
+            );
             let mut stream = futures::stream::iter(jobs)
                 .map(|(row, v)| {
                     let target = target.clone();
@@ -252,13 +303,26 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
             capacity
         }
         Source::Queue(q) => {
-            let ticker = spawn_ticker(progress.clone(), None, false, counters.clone(), peak.clone());
-            let capacity = crate::queued::generate(cfg, jobs, q, |r| keep(r, &log, &counters, &mut errors, &mut results)).await;
+            let ticker = spawn_ticker(
+                progress.clone(),
+                None,
+                false,
+                counters.clone(),
+                peak.clone(),
+            );
+            let capacity = crate::queued::generate(cfg, jobs, q, |r| {
+                keep(r, &log, &counters, &mut errors, &mut results)
+            })
+            .await;
             ticker.abort();
             capacity?
         }
     };
-    progress.update(counters.done.load(Ordering::Relaxed), counters.tokens.load(Ordering::Relaxed), None);
+    progress.update(
+        counters.done.load(Ordering::Relaxed),
+        counters.tokens.load(Ordering::Relaxed),
+        None,
+    );
     progress.finish();
     print_errors(&errors);
     let generated_now = total;
@@ -266,9 +330,21 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
 
     let judgments = match cfg.judge() {
         Some(s) => {
-            let ScorerKind::Judge { prompt, seed, .. } = &s.kind else { unreachable!() };
+            let ScorerKind::Judge { prompt, seed, .. } = &s.kind else {
+                unreachable!()
+            };
             let jt = judge_target.expect("a judge target was chosen above");
-            judge_pairs(cfg, ds, &results, jt, prompt, *seed, capacity.concurrency, opts).await?
+            judge_pairs(
+                cfg,
+                ds,
+                &results,
+                jt,
+                prompt,
+                *seed,
+                capacity.concurrency,
+                opts,
+            )
+            .await?
         }
         None => BTreeMap::new(),
     };
@@ -285,7 +361,11 @@ pub async fn run(cfg: &EvalConfig, ds: &Dataset, source: Source, judge_target: O
 }
 
 /// Who judges: the judge's own endpoint, else the target that answered (a queue cannot judge).
-fn judge_for(cfg: &EvalConfig, source: &Source, judge_target: Option<Arc<Target>>) -> Result<Option<Arc<Target>>, EvalError> {
+fn judge_for(
+    cfg: &EvalConfig,
+    source: &Source,
+    judge_target: Option<Arc<Target>>,
+) -> Result<Option<Arc<Target>>, EvalError> {
     Ok(match (source, judge_target, cfg.judge()) {
         (_, Some(j), _) => Some(j),
         (Source::Target(t), None, _) => Some(t.clone()),
@@ -300,18 +380,31 @@ fn judge_for(cfg: &EvalConfig, source: &Source, judge_target: Option<Arc<Target>
 async fn capacity(target: &Target, opts: &Options) -> Capacity {
     let capacity = target.capacity(opts.fallback_concurrency).await;
     match opts.concurrency {
-        Some(c) => Capacity { concurrency: c.max(1), source: "--concurrency".into(), abserve: capacity.abserve },
+        Some(c) => Capacity {
+            concurrency: c.max(1),
+            source: "--concurrency".into(),
+            abserve: capacity.abserve,
+        },
         None => capacity,
     }
 }
 
 /// Appends a finished answer to the run's log and counts it.
-fn keep(r: ResultRow, log: &Log, c: &Counters, errors: &mut Vec<String>, results: &mut BTreeMap<(String, String), ResultRow>) -> Result<(), EvalError> {
+fn keep(
+    r: ResultRow,
+    log: &Log,
+    c: &Counters,
+    errors: &mut Vec<String>,
+    results: &mut BTreeMap<(String, String), ResultRow>,
+) -> Result<(), EvalError> {
     log.append(&r)?;
     c.tokens.fetch_add(r.completion_tokens, Ordering::Relaxed);
     c.done.fetch_add(1, Ordering::Relaxed);
     if let Some(e) = &r.error {
-        errors.push(format!("row {} (line {}) × {}: {e}", r.row, r.line, r.variant));
+        errors.push(format!(
+            "row {} (line {}) × {}: {e}",
+            r.row, r.line, r.variant
+        ));
     }
     results.insert((r.row.clone(), r.variant.clone()), r);
     Ok(())
@@ -319,9 +412,16 @@ fn keep(r: ResultRow, log: &Log, c: &Counters, errors: &mut Vec<String>, results
 
 /// Finished answers that lack a scorer added since the run that made them are scored now,
 /// without generating again.
-async fn rescore(cfg: &EvalConfig, rows: &BTreeMap<&str, &Row>, results: &mut BTreeMap<(String, String), ResultRow>, log: &Log) -> Result<(), EvalError> {
+async fn rescore(
+    cfg: &EvalConfig,
+    rows: &BTreeMap<&str, &Row>,
+    results: &mut BTreeMap<(String, String), ResultRow>,
+    log: &Log,
+) -> Result<(), EvalError> {
     for ((row_id, _), r) in results.iter_mut() {
-        let Some(row) = rows.get(row_id.as_str()) else { continue };
+        let Some(row) = rows.get(row_id.as_str()) else {
+            continue;
+        };
         let before = (r.scores.len(), r.score_errors.len());
         score_all(cfg, row, r, true).await;
         if before != (r.scores.len(), r.score_errors.len()) {
@@ -337,11 +437,20 @@ fn print_errors(errors: &[String]) {
         eprintln!("eval: error: {e}");
     }
     if errors.len() > 10 {
-        eprintln!("eval: … and {} more errors (see results.jsonl)", errors.len() - 10);
+        eprintln!(
+            "eval: … and {} more errors (see results.jsonl)",
+            errors.len() - 10
+        );
     }
 }
 
-fn spawn_ticker(p: Arc<Progress>, t: Option<Arc<Target>>, memory: bool, c: Arc<Counters>, peak: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
+fn spawn_ticker(
+    p: Arc<Progress>,
+    t: Option<Arc<Target>>,
+    memory: bool,
+    c: Arc<Counters>,
+    peak: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let m = match &t {
@@ -351,7 +460,11 @@ fn spawn_ticker(p: Arc<Progress>, t: Option<Arc<Target>>, memory: bool, c: Arc<C
             if let Some(m) = m {
                 peak.fetch_max(m, Ordering::Relaxed);
             }
-            p.update(c.done.load(Ordering::Relaxed), c.tokens.load(Ordering::Relaxed), m);
+            p.update(
+                c.done.load(Ordering::Relaxed),
+                c.tokens.load(Ordering::Relaxed),
+                m,
+            );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
@@ -373,13 +486,31 @@ async fn judge_pairs(
     let control = cfg.control().to_string();
     let mut pairs = Vec::new();
     for row in &ds.rows {
-        let Some(c) = results.get(&(row.id.clone(), control.clone())).filter(|r| r.ok()) else { continue };
+        let Some(c) = results
+            .get(&(row.id.clone(), control.clone()))
+            .filter(|r| r.ok())
+        else {
+            continue;
+        };
         for v in cfg.experiment.variants.iter().filter(|v| v.id != control) {
-            let Some(t) = results.get(&(row.id.clone(), v.id.clone())).filter(|r| r.ok()) else { continue };
-            if judged.get(&(row.id.clone(), v.id.clone())).is_some_and(|j| j.verdict.is_some()) {
+            let Some(t) = results
+                .get(&(row.id.clone(), v.id.clone()))
+                .filter(|r| r.ok())
+            else {
+                continue;
+            };
+            if judged
+                .get(&(row.id.clone(), v.id.clone()))
+                .is_some_and(|j| j.verdict.is_some())
+            {
                 continue;
             }
-            pairs.push((row, v.id.clone(), c.output.clone().unwrap_or_default(), t.output.clone().unwrap_or_default()));
+            pairs.push((
+                row,
+                v.id.clone(),
+                c.output.clone().unwrap_or_default(),
+                t.output.clone().unwrap_or_default(),
+            ));
         }
     }
     let progress = Progress::new("judge", pairs.len() as u64);
@@ -390,7 +521,11 @@ async fn judge_pairs(
             let control = control.clone();
             async move {
                 let first = judge::variant_first(seed, &row.id, &variant);
-                let (a, b) = if first { (&variant_out, &control_out) } else { (&control_out, &variant_out) };
+                let (a, b) = if first {
+                    (&variant_out, &control_out)
+                } else {
+                    (&control_out, &variant_out)
+                };
                 let mut j = Judgment {
                     row: row.id.clone(),
                     variant,
@@ -424,4 +559,3 @@ async fn judge_pairs(
     judged.retain(|(row, v), _| results.contains_key(&(row.clone(), v.clone())));
     Ok(judged)
 }
-

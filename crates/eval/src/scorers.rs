@@ -36,7 +36,10 @@ pub fn json_of(output: &str) -> Option<Value> {
     if let Ok(v) = serde_json::from_str(t) {
         return Some(v);
     }
-    let inner = t.strip_prefix("```")?.trim_start_matches("json").strip_suffix("```")?;
+    let inner = t
+        .strip_prefix("```")?
+        .trim_start_matches("json")
+        .strip_suffix("```")?;
     serde_json::from_str(inner.trim()).ok()
 }
 
@@ -45,18 +48,29 @@ pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, ScoreErr
     let output = r.output.as_deref().unwrap_or_default();
     let ctx = Value::Object(row.fields.clone());
     match &s.kind {
-        ScorerKind::Exact { expected, case_sensitive } => {
+        ScorerKind::Exact {
+            expected,
+            case_sensitive,
+        } => {
             let want = render_row(expected, &ctx).map_err(ScoreError::Template)?;
-            Ok(b(fold(output, *case_sensitive) == fold(&want, *case_sensitive)))
+            Ok(b(
+                fold(output, *case_sensitive) == fold(&want, *case_sensitive)
+            ))
         }
-        ScorerKind::Contains { expected, case_sensitive } => {
+        ScorerKind::Contains {
+            expected,
+            case_sensitive,
+        } => {
             let want = render_row(expected, &ctx).map_err(ScoreError::Template)?;
-            Ok(b(fold(output, *case_sensitive).contains(&fold(&want, *case_sensitive))))
+            Ok(b(
+                fold(output, *case_sensitive).contains(&fold(&want, *case_sensitive))
+            ))
         }
         ScorerKind::Regex { re } => Ok(b(re.is_match(output))),
         ScorerKind::JsonValid => Ok(b(json_of(output).is_some())),
         ScorerKind::JsonSchema { schema } => {
-            let v = jsonschema::validator_for(schema).map_err(|e| ScoreError::Schema(e.to_string()))?;
+            let v =
+                jsonschema::validator_for(schema).map_err(|e| ScoreError::Schema(e.to_string()))?;
             Ok(b(json_of(output).is_some_and(|j| v.is_valid(&j))))
         }
         ScorerKind::Length { unit, max } => {
@@ -82,7 +96,11 @@ pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, ScoreErr
     }
 }
 
-async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duration) -> Result<f64, ScoreError> {
+async fn run_command(
+    argv: &[String],
+    input: &Value,
+    timeout: std::time::Duration,
+) -> Result<f64, ScoreError> {
     let command = argv[0].clone();
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
@@ -91,7 +109,10 @@ async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duratio
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| ScoreError::Spawn { command: command.clone(), message: e.to_string() })?;
+        .map_err(|e| ScoreError::Spawn {
+            command: command.clone(),
+            message: e.to_string(),
+        })?;
     let mut stdin = child.stdin.take().expect("piped");
     let body = serde_json::to_vec(input).expect("serializable");
     let mut stdout = child.stdout.take().expect("piped");
@@ -101,21 +122,38 @@ async fn run_command(argv: &[String], input: &Value, timeout: std::time::Duratio
         let _ = stdin.write_all(&body).await;
         drop(stdin);
         let (mut out, mut err) = (String::new(), String::new());
-        let _ = tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
-        let status = child.wait().await.map_err(|e| ScoreError::Spawn { command: command.clone(), message: e.to_string() })?;
+        let _ = tokio::join!(
+            stdout.read_to_string(&mut out),
+            stderr.read_to_string(&mut err)
+        );
+        let status = child.wait().await.map_err(|e| ScoreError::Spawn {
+            command: command.clone(),
+            message: e.to_string(),
+        })?;
         Ok::<_, ScoreError>((status, out, err))
     };
-    let (status, out, err) = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| ScoreError::Timeout { command: command.clone(), seconds: timeout.as_secs_f64() })??;
+    let (status, out, err) =
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| ScoreError::Timeout {
+                command: command.clone(),
+                seconds: timeout.as_secs_f64(),
+            })??;
     if !status.success() {
-        return Err(ScoreError::Exit { command, status: status.to_string(), stderr: err.trim().to_string() });
+        return Err(ScoreError::Exit {
+            command,
+            status: status.to_string(),
+            stderr: err.trim().to_string(),
+        });
     }
     out.split_whitespace()
         .next()
         .and_then(|w| w.parse::<f64>().ok())
         .filter(|x| x.is_finite())
-        .ok_or_else(|| ScoreError::Output { command, output: out.trim().to_string() })
+        .ok_or_else(|| ScoreError::Output {
+            command,
+            output: out.trim().to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -149,39 +187,106 @@ mod tests {
     }
 
     fn row() -> Row {
-        let fields = json!({"input": "q", "expected": "Paris", "n": 2}).as_object().unwrap().clone();
-        Row { id: "r".into(), line: 1, fields }
+        let fields = json!({"input": "q", "expected": "Paris", "n": 2})
+            .as_object()
+            .unwrap()
+            .clone();
+        Row {
+            id: "r".into(),
+            line: 1,
+            fields,
+        }
     }
 
     #[tokio::test]
     async fn each_scorer_grades() {
         let r = row();
         let s = |t: &str| scorer(t);
-        assert_eq!(score(&s("type='exact'"), &r, &result(" paris\n")).await, Ok(1.0));
-        assert_eq!(score(&s("type='exact'\ncase_sensitive=true"), &r, &result("paris")).await, Ok(0.0));
-        assert_eq!(score(&s("type='contains'"), &r, &result("It is PARIS.")).await, Ok(1.0));
-        assert_eq!(score(&s("type='contains'\nexpected='{{ n }} days'"), &r, &result("in 2 days")).await, Ok(1.0));
-        assert_eq!(score(&s("type='regex'\npattern='^\\d+$'"), &r, &result("42")).await, Ok(1.0));
-        assert_eq!(score(&s("type='json_valid'"), &r, &result("```json\n{\"a\": 1}\n```")).await, Ok(1.0));
-        assert_eq!(score(&s("type='json_valid'"), &r, &result("{a: 1}")).await, Ok(0.0));
+        assert_eq!(
+            score(&s("type='exact'"), &r, &result(" paris\n")).await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(
+                &s("type='exact'\ncase_sensitive=true"),
+                &r,
+                &result("paris")
+            )
+            .await,
+            Ok(0.0)
+        );
+        assert_eq!(
+            score(&s("type='contains'"), &r, &result("It is PARIS.")).await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(
+                &s("type='contains'\nexpected='{{ n }} days'"),
+                &r,
+                &result("in 2 days")
+            )
+            .await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(&s("type='regex'\npattern='^\\d+$'"), &r, &result("42")).await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(
+                &s("type='json_valid'"),
+                &r,
+                &result("```json\n{\"a\": 1}\n```")
+            )
+            .await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(&s("type='json_valid'"), &r, &result("{a: 1}")).await,
+            Ok(0.0)
+        );
         let schema = "type='json_schema'\nschema={type='object', required=['a'], properties={a={type='integer'}}}";
         assert_eq!(score(&s(schema), &r, &result("{\"a\": 1}")).await, Ok(1.0));
-        assert_eq!(score(&s(schema), &r, &result("{\"a\": \"x\"}")).await, Ok(0.0));
-        assert_eq!(score(&s("type='length'"), &r, &result("three small words")).await, Ok(3.0));
-        assert_eq!(score(&s("type='length'\nunit='tokens'\nmax=5"), &r, &result("x")).await, Ok(0.0));
-        assert_eq!(score(&s("type='length'\nunit='chars'"), &r, &result("héllo")).await, Ok(5.0));
-        assert_eq!(score(&s("type='latency'"), &r, &result("x")).await, Ok(0.25));
+        assert_eq!(
+            score(&s(schema), &r, &result("{\"a\": \"x\"}")).await,
+            Ok(0.0)
+        );
+        assert_eq!(
+            score(&s("type='length'"), &r, &result("three small words")).await,
+            Ok(3.0)
+        );
+        assert_eq!(
+            score(&s("type='length'\nunit='tokens'\nmax=5"), &r, &result("x")).await,
+            Ok(0.0)
+        );
+        assert_eq!(
+            score(&s("type='length'\nunit='chars'"), &r, &result("héllo")).await,
+            Ok(5.0)
+        );
+        assert_eq!(
+            score(&s("type='latency'"), &r, &result("x")).await,
+            Ok(0.25)
+        );
     }
 
     #[tokio::test]
     async fn command_scorer_reads_the_row_and_times_out() {
         let r = row();
-        let py = "import json,sys; d=json.load(sys.stdin); print(len(d['output']) + d['fields']['n'])";
-        let s = scorer(&format!("type='command'\ncommand=['python3', '-c', \"{py}\"]"));
+        let py =
+            "import json,sys; d=json.load(sys.stdin); print(len(d['output']) + d['fields']['n'])";
+        let s = scorer(&format!(
+            "type='command'\ncommand=['python3', '-c', \"{py}\"]"
+        ));
         assert_eq!(score(&s, &r, &result("abc")).await, Ok(5.0));
         let slow = scorer("type='command'\ncommand=['sleep', '5']\ntimeout=0.2");
-        assert!(matches!(score(&slow, &r, &result("x")).await, Err(ScoreError::Timeout { .. })));
+        assert!(matches!(
+            score(&slow, &r, &result("x")).await,
+            Err(ScoreError::Timeout { .. })
+        ));
         let bad = scorer("type='command'\ncommand=['sh', '-c', 'echo nope']");
-        assert!(matches!(score(&bad, &r, &result("x")).await, Err(ScoreError::Output { .. })));
+        assert!(matches!(
+            score(&bad, &r, &result("x")).await,
+            Err(ScoreError::Output { .. })
+        ));
     }
 }

@@ -70,7 +70,11 @@ pub struct Capacity {
 
 impl Http {
     /// Connects to an endpoint; without `model`, the first id of `GET /v1/models` is used.
-    pub async fn connect(url: &str, key: Option<String>, model: Option<String>) -> Result<Http, EvalError> {
+    pub async fn connect(
+        url: &str,
+        key: Option<String>,
+        model: Option<String>,
+    ) -> Result<Http, EvalError> {
         let api = abserve_protocol::Client::new(url, key, Duration::from_secs(600))?;
         let model = match model {
             Some(m) => m,
@@ -94,14 +98,28 @@ impl Http {
                 stop: call.stop.clone().map(Stop::Many),
                 ..Default::default()
             },
-            messages: call.messages.iter().map(|m| Message::new(&m.role, &m.content)).collect(),
+            messages: call
+                .messages
+                .iter()
+                .map(|m| Message::new(&m.role, &m.content))
+                .collect(),
             ..Default::default()
         };
         let out = self.api.chat(body, true).await.map_err(|e| match e {
-            ClientError::Status { status: 429, retry_after, .. } => CallError::Overloaded { retry_after },
-            ClientError::Status { status, .. } if status >= 500 => CallError::Transient(e.to_string()),
-            ClientError::Transport { .. } | ClientError::Stream(_) | ClientError::Incomplete => CallError::Transient(e.to_string()),
-            ClientError::Status { .. } | ClientError::BadChunk(_) | ClientError::ServerError(_) => CallError::Failed(e.to_string()),
+            ClientError::Status {
+                status: 429,
+                retry_after,
+                ..
+            } => CallError::Overloaded { retry_after },
+            ClientError::Status { status, .. } if status >= 500 => {
+                CallError::Transient(e.to_string())
+            }
+            ClientError::Transport { .. } | ClientError::Stream(_) | ClientError::Incomplete => {
+                CallError::Transient(e.to_string())
+            }
+            ClientError::Status { .. } | ClientError::BadChunk(_) | ClientError::ServerError(_) => {
+                CallError::Failed(e.to_string())
+            }
         })?;
         let usage = out.usage.unwrap_or_default();
         Ok(Generation {
@@ -126,10 +144,28 @@ impl Target {
     /// In-process: the plan's sequence slots. abserve: its `/ready` plan. Elsewhere `fallback`.
     pub async fn capacity(&self, fallback: usize) -> Capacity {
         match self {
-            Target::Engine(e) => Capacity { concurrency: e.plan().seq_slots.max(1) as usize, source: "memory plan".into(), abserve: true },
-            Target::Http(h) => match h.api.ready(Duration::from_secs(30)).await.map(|r| r.plan.seq_slots).filter(|n| *n > 0) {
-                Some(n) => Capacity { concurrency: n as usize, source: format!("{}/ready", h.api.base()), abserve: true },
-                None => Capacity { concurrency: fallback.max(1), source: "-j".into(), abserve: false },
+            Target::Engine(e) => Capacity {
+                concurrency: e.plan().seq_slots.max(1) as usize,
+                source: "memory plan".into(),
+                abserve: true,
+            },
+            Target::Http(h) => match h
+                .api
+                .ready(Duration::from_secs(30))
+                .await
+                .map(|r| r.plan.seq_slots)
+                .filter(|n| *n > 0)
+            {
+                Some(n) => Capacity {
+                    concurrency: n as usize,
+                    source: format!("{}/ready", h.api.base()),
+                    abserve: true,
+                },
+                None => Capacity {
+                    concurrency: fallback.max(1),
+                    source: "-j".into(),
+                    abserve: false,
+                },
             },
         }
     }
@@ -138,7 +174,12 @@ impl Target {
     pub async fn memory(&self) -> Option<u64> {
         match self {
             Target::Engine(_) => Some(abserve_engine::plan::current_rss()),
-            Target::Http(h) => h.api.metrics(Duration::from_secs(2)).await?.get(names::PROCESS_RESIDENT_MEMORY).map(|b| b as u64),
+            Target::Http(h) => h
+                .api
+                .metrics(Duration::from_secs(2))
+                .await?
+                .get(names::PROCESS_RESIDENT_MEMORY)
+                .map(|b| b as u64),
         }
     }
 
@@ -151,7 +192,9 @@ impl Target {
 }
 
 async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallError> {
-    let text = engine.render_chat(&call.messages).map_err(|e| CallError::Failed(format!("chat template: {e}")))?;
+    let text = engine
+        .render_chat(&call.messages)
+        .map_err(|e| CallError::Failed(format!("chat template: {e}")))?;
     let prompt = engine.tokenize(&text);
     let d = SamplingParams::default();
     let params = SamplingParams {
@@ -175,7 +218,10 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
     let mut params = params;
     if prompt.len() + params.max_tokens as usize > context {
         if prompt.len() >= context {
-            return Err(CallError::Failed(format!("prompt of {} tokens does not fit the context of {context}", prompt.len())));
+            return Err(CallError::Failed(format!(
+                "prompt of {} tokens does not fit the context of {context}",
+                prompt.len()
+            )));
         }
         params.max_tokens = (context - prompt.len()) as u32;
     }
@@ -185,7 +231,9 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
         Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
         Err(e) => return Err(CallError::Failed(e.to_string())),
     };
-    let o = abserve_engine::collect(rx).await.map_err(|e| CallError::Failed(e.to_string()))?;
+    let o = abserve_engine::collect(rx)
+        .await
+        .map_err(|e| CallError::Failed(e.to_string()))?;
     let latency = started.elapsed();
     Ok(Generation {
         text: o.text,
@@ -196,4 +244,3 @@ async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallErr
         finish_reason: o.completion.finish_reason.as_str().into(),
     })
 }
-

@@ -17,7 +17,9 @@ use std::time::Duration;
 use abserve_ab::Store;
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 
@@ -55,25 +57,56 @@ struct Ctx {
 
 /// This worker's name in results: host and process id.
 pub fn worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "host".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
     format!("{host}-{}", std::process::id())
 }
 
 /// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
 /// jobs in hand (acking each) and returns.
-pub async fn work(target: Arc<Target>, slots: u16, opts: Options, tally: Arc<Tally>, stop: impl std::future::Future<Output = ()>) -> Result<(), EvalError> {
+pub async fn work(
+    target: Arc<Target>,
+    slots: u16,
+    opts: Options,
+    tally: Arc<Tally>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), EvalError> {
     let (conn, publish) = queue::connect(&opts.amqp).await?;
     let queues = Queues::new(&opts.queue);
     queues.declare(&publish).await?;
-    let consume = conn.create_channel().await.map_err(amqp("opening a channel"))?;
-    consume.basic_qos(slots.max(1), BasicQosOptions::default()).await.map_err(amqp("setting the prefetch"))?;
+    let consume = conn
+        .create_channel()
+        .await
+        .map_err(amqp("opening a channel"))?;
+    consume
+        .basic_qos(slots.max(1), BasicQosOptions::default())
+        .await
+        .map_err(amqp("setting the prefetch"))?;
     let worker = worker_name();
     let mut consumer = consume
-        .basic_consume(&queues.jobs, &worker, BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            &queues.jobs,
+            &worker,
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .map_err(amqp("consuming"))?;
-    tracing::info!("worker {worker}: consuming '{}' with a prefetch of {} (the plan's sequence slots)", queues.jobs, slots.max(1));
-    let ctx = Arc::new(Ctx { target, publish, queues, max_failures: opts.max_failures.max(1), store: opts.store, worker: worker.clone(), tally });
+    tracing::info!(
+        "worker {worker}: consuming '{}' with a prefetch of {} (the plan's sequence slots)",
+        queues.jobs,
+        slots.max(1)
+    );
+    let ctx = Arc::new(Ctx {
+        target,
+        publish,
+        queues,
+        max_failures: opts.max_failures.max(1),
+        store: opts.store,
+        worker: worker.clone(),
+        tally,
+    });
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(stop);
     loop {
@@ -99,7 +132,9 @@ pub async fn work(target: Arc<Target>, slots: u16, opts: Options, tally: Arc<Tal
         }
     }
     // no new deliveries; the ones in hand are finished and acked
-    let _ = consume.basic_cancel(&worker, BasicCancelOptions::default()).await;
+    let _ = consume
+        .basic_cancel(&worker, BasicCancelOptions::default())
+        .await;
     while let Some(done) = tasks.join_next().await {
         log_task(done);
     }
@@ -127,19 +162,35 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
     let answer = loop {
         match ctx.target.chat(&job.call).await {
             // the prefetch keeps the engine from filling up; another caller may still have
-            Err(CallError::Overloaded { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(CallError::Overloaded { .. }) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
             r => break r,
         }
     };
     match answer {
         Ok(g) => {
-            let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: Some(g), error: None };
+            let r = JobResult {
+                id: job.id.clone(),
+                worker: ctx.worker.clone(),
+                attempts: failures + 1,
+                generation: Some(g),
+                error: None,
+            };
             reply(ctx, d, &job, &r).await?;
             ctx.tally.answered.fetch_add(1, Ordering::Relaxed);
         }
         Err(e) if failures + 1 < ctx.max_failures => {
-            tracing::warn!("job {} failed ({} of {} tries): {e}; requeued", job.id, failures + 1, ctx.max_failures);
-            let props = d.properties.clone().with_headers(headers(d, failures + 1, &e.to_string()));
+            tracing::warn!(
+                "job {} failed ({} of {} tries): {e}; requeued",
+                job.id,
+                failures + 1,
+                ctx.max_failures
+            );
+            let props = d
+                .properties
+                .clone()
+                .with_headers(headers(d, failures + 1, &e.to_string()));
             queue::publish_confirmed(&ctx.publish, &ctx.queues.jobs, &d.data, props).await?;
             ctx.tally.retried.fetch_add(1, Ordering::Relaxed);
         }
@@ -147,7 +198,13 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
             let error = format!("failed {} times; last error: {e}", failures + 1);
             tracing::error!("job {}: {error}; moved to '{}'", job.id, ctx.queues.dead);
             dead_letter(ctx, d, &error, failures + 1).await?;
-            let r = JobResult { id: job.id.clone(), worker: ctx.worker.clone(), attempts: failures + 1, generation: None, error: Some(error) };
+            let r = JobResult {
+                id: job.id.clone(),
+                worker: ctx.worker.clone(),
+                attempts: failures + 1,
+                generation: None,
+                error: Some(error),
+            };
             reply(ctx, d, &job, &r).await?;
         }
     }
@@ -156,18 +213,31 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
 
 /// Makes a result durable: the store (once per job id), then the run's results queue.
 async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), EvalError> {
-    let body = serde_json::to_vec(r).map_err(|e| EvalError::Queue(format!("encoding a result: {e}")))?;
+    let body =
+        serde_json::to_vec(r).map_err(|e| EvalError::Queue(format!("encoding a result: {e}")))?;
     if let Some(s) = &ctx.store {
-        s.put_job_result(&job.id, &job.run, &String::from_utf8_lossy(&body)).await?;
+        s.put_job_result(&job.id, &job.run, &String::from_utf8_lossy(&body))
+            .await?;
     }
     match d.properties.reply_to() {
-        Some(q) => queue::publish_confirmed(&ctx.publish, q.as_str(), &body, queue::persistent().with_message_id(job.id.as_str().into())).await,
+        Some(q) => {
+            queue::publish_confirmed(
+                &ctx.publish,
+                q.as_str(),
+                &body,
+                queue::persistent().with_message_id(job.id.as_str().into()),
+            )
+            .await
+        }
         None => Ok(()),
     }
 }
 
 async fn dead_letter(ctx: &Ctx, d: &Delivery, error: &str, failures: u32) -> Result<(), EvalError> {
-    let props = d.properties.clone().with_headers(headers(d, failures, error));
+    let props = d
+        .properties
+        .clone()
+        .with_headers(headers(d, failures, error));
     queue::publish_confirmed(&ctx.publish, &ctx.queues.dead, &d.data, props).await?;
     ctx.tally.dead_lettered.fetch_add(1, Ordering::Relaxed);
     Ok(())
@@ -182,5 +252,7 @@ fn headers(d: &Delivery, failures: u32, error: &str) -> FieldTable {
 }
 
 async fn ack(d: &Delivery) -> Result<(), EvalError> {
-    d.ack(BasicAckOptions::default()).await.map_err(amqp("acknowledging"))
+    d.ack(BasicAckOptions::default())
+        .await
+        .map_err(amqp("acknowledging"))
 }

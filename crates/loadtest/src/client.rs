@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use abserve_protocol::wire::ChatRequest;
 use abserve_protocol::ClientError;
 use serde::Serialize;
-use abserve_protocol::wire::ChatRequest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -56,9 +56,23 @@ pub struct Record {
 /// True when a message says memory ran out (CUDA, llama.cpp, allocators, our own wording).
 pub fn mentions_oom(text: &str) -> bool {
     let t = text.to_lowercase();
-    ["out of memory", "outofmemory", "oom", "failed to allocate", "cannot allocate memory", "memory exhausted"]
-        .iter()
-        .any(|k| if *k == "oom" { t.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "oom") } else { t.contains(k) })
+    [
+        "out of memory",
+        "outofmemory",
+        "oom",
+        "failed to allocate",
+        "cannot allocate memory",
+        "memory exhausted",
+    ]
+    .iter()
+    .any(|k| {
+        if *k == "oom" {
+            t.split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| w == "oom")
+        } else {
+            t.contains(k)
+        }
+    })
 }
 
 /// Sends load-test requests through the shared OpenAI client and classifies what came back.
@@ -86,7 +100,10 @@ impl Client {
         match tokio::time::timeout(self.timeout, self.api.chat(body, stream)).await {
             Err(_) => {
                 rec.class = Class::Timeout;
-                rec.message = Some(format!("no complete answer within {:.0} s", self.timeout.as_secs_f64()));
+                rec.message = Some(format!(
+                    "no complete answer within {:.0} s",
+                    self.timeout.as_secs_f64()
+                ));
             }
             Ok(Ok(out)) => {
                 rec.status = Some(200);
@@ -109,12 +126,22 @@ fn classify(e: &ClientError, rec: &mut Record) {
     rec.class = match e {
         _ if mentions_oom(e.server_text()) => Class::Oom,
         ClientError::Transport { timeout: true, .. } => Class::Timeout,
-        ClientError::Transport { .. } | ClientError::Stream(_) | ClientError::Incomplete | ClientError::BadChunk(_) => Class::Connection,
+        ClientError::Transport { .. }
+        | ClientError::Stream(_)
+        | ClientError::Incomplete
+        | ClientError::BadChunk(_) => Class::Connection,
         ClientError::Status { status: 429, .. } => Class::Http429,
-        ClientError::Status { status: 400..=499, .. } => Class::Http4xx,
+        ClientError::Status {
+            status: 400..=499, ..
+        } => Class::Http4xx,
         ClientError::Status { .. } | ClientError::ServerError(_) => Class::Http5xx,
     };
-    if let ClientError::Status { status, retry_after, .. } = e {
+    if let ClientError::Status {
+        status,
+        retry_after,
+        ..
+    } = e
+    {
         rec.status = Some(*status);
         rec.retry_after = retry_after.map(|d| d.as_secs_f64());
     }
@@ -125,7 +152,12 @@ fn classify(e: &ClientError, rec: &mut Record) {
 mod tests {
     #[test]
     fn oom_wording() {
-        for t in ["CUDA out of memory. Tried to allocate", "ggml: failed to allocate buffer", "OOM killed", "error: oom"] {
+        for t in [
+            "CUDA out of memory. Tried to allocate",
+            "ggml: failed to allocate buffer",
+            "OOM killed",
+            "error: oom",
+        ] {
             assert!(super::mentions_oom(t), "{t}");
         }
         for t in ["room for more", "zoom", "all good"] {

@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use abserve_protocol::wire::{ChatRequest, Common, Message};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
-use abserve_protocol::wire::{ChatRequest, Common, Message};
-
 
 use crate::client::{Class, Client, Record};
-use crate::error::LoadError;
 use crate::dist::Dist;
+use crate::error::LoadError;
 use crate::report::{Report, RunFacts};
 use crate::scrape::{Sample, Scraper};
 use abserve_protocol::Samples;
@@ -54,10 +53,12 @@ pub struct Config {
 }
 
 const WORDS: &[&str] = &[
-    "the", "river", "light", "morning", "city", "garden", "window", "story", "music", "winter", "market", "quiet", "road", "friend", "table",
-    "summer", "paper", "voice", "mountain", "letter", "bridge", "train", "coffee", "forest", "ocean", "little", "old", "green", "bright",
-    "slow", "warm", "house", "dream", "stone", "cloud", "field", "yellow", "glass", "sound", "evening", "people", "walked", "found", "left",
-    "under", "over", "near", "across", "every", "small", "long", "white", "blue", "dark", "open", "door", "song", "book", "path", "rain",
+    "the", "river", "light", "morning", "city", "garden", "window", "story", "music", "winter",
+    "market", "quiet", "road", "friend", "table", "summer", "paper", "voice", "mountain", "letter",
+    "bridge", "train", "coffee", "forest", "ocean", "little", "old", "green", "bright", "slow",
+    "warm", "house", "dream", "stone", "cloud", "field", "yellow", "glass", "sound", "evening",
+    "people", "walked", "found", "left", "under", "over", "near", "across", "every", "small",
+    "long", "white", "blue", "dark", "open", "door", "song", "book", "path", "rain",
 ];
 
 fn user_text(rng: &mut impl Rng, words: u32) -> String {
@@ -89,12 +90,19 @@ pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> ChatReques
             let v = i % (*n as u64).max(1);
             common.model = Some(model.to_string());
             vec![
-                Message::new("system", format!("You are assistant variant {v}. Write in style number {v}.")),
+                Message::new(
+                    "system",
+                    format!("You are assistant variant {v}. Write in style number {v}."),
+                ),
                 Message::new("user", user_text(rng, words)),
             ]
         }
     };
-    ChatRequest { common, messages, ..Default::default() }
+    ChatRequest {
+        common,
+        messages,
+        ..Default::default()
+    }
 }
 
 /// Hands out request numbers until the duration or the request count is reached.
@@ -130,25 +138,47 @@ pub async fn run(cfg: Config) -> Result<Report, LoadError> {
     }
     // each request is bounded by cfg.timeout in Client::send; the HTTP client's own bound is a
     // backstop above it
-    let api = abserve_protocol::Client::new(&cfg.url, cfg.key.clone(), cfg.timeout + Duration::from_secs(30))?;
+    let api = abserve_protocol::Client::new(
+        &cfg.url,
+        cfg.key.clone(),
+        cfg.timeout + Duration::from_secs(30),
+    )?;
     let base = api.base().to_string();
     let model = match (&cfg.workload, &cfg.model) {
         (Workload::Experiment(_), _) => String::new(),
         (_, Some(m)) => m.clone(),
         _ => api.first_model().await.map_err(LoadError::NoModel)?,
     };
-    let client = Arc::new(Client { api: api.clone(), timeout: cfg.timeout });
+    let client = Arc::new(Client {
+        api: api.clone(),
+        timeout: cfg.timeout,
+    });
     let scraper = Arc::new(Scraper::new(api));
     let before = scraper.fetch().await;
     let t0 = Instant::now();
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampler = before.as_ref().map(|_| scraper.clone().spawn(t0, samples.clone(), stop_sampling.clone()));
+    let sampler = before.as_ref().map(|_| {
+        scraper
+            .clone()
+            .spawn(t0, samples.clone(), stop_sampling.clone())
+    });
 
     let records: Records = Default::default();
-    let budget = Budget { issued: Default::default(), deadline: cfg.duration.map(|d| t0 + d), requests: cfg.requests };
+    let budget = Budget {
+        issued: Default::default(),
+        deadline: cfg.duration.map(|d| t0 + d),
+        requests: cfg.requests,
+    };
     let cfg = Arc::new(cfg);
-    let load = Load { cfg: cfg.clone(), client, model, budget, records: records.clone(), t0 };
+    let load = Load {
+        cfg: cfg.clone(),
+        client,
+        model,
+        budget,
+        records: records.clone(),
+        t0,
+    };
     match cfg.mode {
         Mode::Closed { concurrency } => closed_loop(&load, concurrency).await?,
         Mode::Open { rate } => open_loop(&load, rate).await?,
@@ -196,14 +226,24 @@ async fn closed_loop(load: &Load, concurrency: usize) -> Result<(), LoadError> {
     let t0 = load.t0;
     let mut tasks = Vec::new();
     for w in 0..concurrency.max(1) {
-        let (client, cfg, records, budget, model) =
-            (load.client.clone(), load.cfg.clone(), load.records.clone(), load.budget.clone(), load.model.clone());
+        let (client, cfg, records, budget, model) = (
+            load.client.clone(),
+            load.cfg.clone(),
+            load.records.clone(),
+            load.budget.clone(),
+            load.model.clone(),
+        );
         tasks.push(tokio::spawn(async move {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15));
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+                cfg.seed ^ (w as u64).wrapping_mul(0x9e3779b97f4a7c15),
+            );
             while let Some(i) = budget.next() {
-                let rec = client.send(body(&cfg, &model, i, &mut rng), cfg.stream, t0).await;
+                let rec = client
+                    .send(body(&cfg, &model, i, &mut rng), cfg.stream, t0)
+                    .await;
                 // a turned-away client waits as told (at most a second) before its next request
-                let pause = (rec.class == Class::Http429).then(|| rec.retry_after.unwrap_or(0.1).clamp(0.05, 1.0));
+                let pause = (rec.class == Class::Http429)
+                    .then(|| rec.retry_after.unwrap_or(0.1).clamp(0.05, 1.0));
                 push(&records, rec);
                 if let Some(p) = pause {
                     tokio::time::sleep(Duration::from_secs_f64(p)).await;
@@ -232,7 +272,9 @@ async fn open_loop(load: &Load, rate: f64) -> Result<(), LoadError> {
         tokio::time::sleep_until(next.into()).await;
         next += Duration::from_secs_f64(exp.sample(&mut rng));
         // the gate is never closed, so acquiring only waits
-        let Ok(permit) = gate.clone().acquire_owned().await else { break };
+        let Ok(permit) = gate.clone().acquire_owned().await else {
+            break;
+        };
         let b = body(cfg, &load.model, i, &mut rng);
         let (client, records, stream) = (load.client.clone(), load.records.clone(), cfg.stream);
         tasks.spawn(async move {
@@ -248,7 +290,12 @@ async fn open_loop(load: &Load, rate: f64) -> Result<(), LoadError> {
 
 /// Lets the server drain (KV, running and waiting back to zero, or `settle` passed), then takes
 /// the final sample and the counters after the load.
-async fn settle(scraper: &Scraper, settle: Duration, samples: &Arc<Mutex<Vec<Sample>>>, t0: Instant) -> Option<Samples> {
+async fn settle(
+    scraper: &Scraper,
+    settle: Duration,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+    t0: Instant,
+) -> Option<Samples> {
     let until = Instant::now() + settle;
     loop {
         let m = scraper.fetch().await;
@@ -258,7 +305,10 @@ async fn settle(scraper: &Scraper, settle: Duration, samples: &Arc<Mutex<Vec<Sam
         });
         if idle || Instant::now() >= until {
             if let Some(m) = &m {
-                samples.lock().unwrap_or_else(|e| e.into_inner()).push(Scraper::sample(m, t0.elapsed().as_secs_f64()));
+                samples
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Scraper::sample(m, t0.elapsed().as_secs_f64()));
             }
             return m;
         }

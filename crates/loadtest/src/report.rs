@@ -32,7 +32,13 @@ fn pct(xs: Vec<f64>, scale: f64) -> Percentiles {
         return Percentiles::default();
     }
     let q = abserve_ab::quantiles(&xs, &[0.5, 0.95, 0.99, 1.0]);
-    Percentiles { n: xs.len(), p50: q[0] * scale, p95: q[1] * scale, p99: q[2] * scale, max: q[3] * scale }
+    Percentiles {
+        n: xs.len(),
+        p50: q[0] * scale,
+        p95: q[1] * scale,
+        p99: q[2] * scale,
+        max: q[3] * scale,
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -60,8 +66,13 @@ impl Memory {
     fn from_run(a: &Samples, samples: Vec<Sample>) -> Memory {
         let last = samples.last().copied().unwrap_or_default();
         Memory {
-            peak_device_bytes: samples.iter().filter_map(|s| s.device_in_use_bytes).reduce(f64::max),
-            device_budget_bytes: a.has_prefix(names::DEVICE_MEMORY_BUDGET).then(|| a.sum(names::DEVICE_MEMORY_BUDGET)),
+            peak_device_bytes: samples
+                .iter()
+                .filter_map(|s| s.device_in_use_bytes)
+                .reduce(f64::max),
+            device_budget_bytes: a
+                .has_prefix(names::DEVICE_MEMORY_BUDGET)
+                .then(|| a.sum(names::DEVICE_MEMORY_BUDGET)),
             peak_rss_bytes: samples.iter().map(|s| s.rss_bytes).fold(0.0, f64::max),
             peak_rss_server_bytes: a.get(names::MEMORY_PEAK_RESIDENT),
             final_rss_bytes: last.rss_bytes,
@@ -110,11 +121,25 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn build(f: RunFacts, records: Vec<Record>, samples: Vec<Sample>, before: Option<Samples>, after: Option<Samples>) -> Report {
-        let mut by_class: BTreeMap<String, usize> = [Class::Ok, Class::Http429, Class::Http4xx, Class::Http5xx, Class::Timeout, Class::Connection, Class::Oom]
-            .iter()
-            .map(|c| (c.name().to_string(), 0))
-            .collect();
+    pub fn build(
+        f: RunFacts,
+        records: Vec<Record>,
+        samples: Vec<Sample>,
+        before: Option<Samples>,
+        after: Option<Samples>,
+    ) -> Report {
+        let mut by_class: BTreeMap<String, usize> = [
+            Class::Ok,
+            Class::Http429,
+            Class::Http4xx,
+            Class::Http5xx,
+            Class::Timeout,
+            Class::Connection,
+            Class::Oom,
+        ]
+        .iter()
+        .map(|c| (c.name().to_string(), 0))
+        .collect();
         let mut examples: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in &records {
             *by_class.entry(r.class.name().into()).or_default() += 1;
@@ -132,8 +157,14 @@ impl Report {
             (Some(b), Some(a)) => {
                 let d = |k: &str| a.or_zero(k) - b.or_zero(k);
                 let mut s = BTreeMap::new();
-                let chat = |status: &str| format!("{}{{endpoint=\"chat_completions\",status=\"{status}\"}}", names::REQUESTS);
-                let rejected = |reason: &str| format!("{}{{reason=\"{reason}\"}}", names::REJECTIONS);
+                let chat = |status: &str| {
+                    format!(
+                        "{}{{endpoint=\"chat_completions\",status=\"{status}\"}}",
+                        names::REQUESTS
+                    )
+                };
+                let rejected =
+                    |reason: &str| format!("{}{{reason=\"{reason}\"}}", names::REJECTIONS);
                 for (name, key) in [
                     ("chat_200", chat("200")),
                     ("chat_429", chat("429")),
@@ -190,7 +221,12 @@ impl Report {
         ] {
             let n = self.count(c);
             if n > 0 {
-                let ex = self.examples.get(c.name()).and_then(|e| e.first()).map(|m| format!(" (e.g. {m})")).unwrap_or_default();
+                let ex = self
+                    .examples
+                    .get(c.name())
+                    .and_then(|e| e.first())
+                    .map(|m| format!(" (e.g. {m})"))
+                    .unwrap_or_default();
                 self.failures.push(format!("{n} {what}{ex}"));
             }
         }
@@ -202,10 +238,14 @@ impl Report {
                 Some(m) => {
                     let peak = m.peak_rss_server_bytes.unwrap_or(0.0).max(m.peak_rss_bytes);
                     if peak > limit {
-                        self.failures.push(format!("peak resident memory {peak:.0} B is above --max-memory {limit:.0} B"));
+                        self.failures.push(format!(
+                            "peak resident memory {peak:.0} B is above --max-memory {limit:.0} B"
+                        ));
                     }
                 }
-                None => self.failures.push("--max-memory needs an abserve target (its /metrics)".into()),
+                None => self
+                    .failures
+                    .push("--max-memory needs an abserve target (its /metrics)".into()),
             }
         }
     }
@@ -215,14 +255,36 @@ impl Report {
         t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
         t.set_header(vec!["", "value"]);
         let mb = |b: f64| format!("{:.1} MB", b / 1e6);
-        let p = |x: &Percentiles| format!("p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  (n={})", x.p50, x.p95, x.p99, x.max, x.n);
-        t.add_row(vec!["target".into(), format!("{} ({}, {})", self.target, self.workload, self.mode)]);
-        t.add_row(vec!["requests".into(), format!("{} sent in {:.1} s", self.sent, self.load_seconds)]);
+        let p = |x: &Percentiles| {
+            format!(
+                "p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  (n={})",
+                x.p50, x.p95, x.p99, x.max, x.n
+            )
+        };
+        t.add_row(vec![
+            "target".into(),
+            format!("{} ({}, {})", self.target, self.workload, self.mode),
+        ]);
+        t.add_row(vec![
+            "requests".into(),
+            format!("{} sent in {:.1} s", self.sent, self.load_seconds),
+        ]);
         t.add_row(vec![
             "outcome".into(),
-            self.by_class.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
+            self.by_class
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
         ]);
-        t.add_row(vec!["throughput".into(), format!("{:.2} req/s, {:.1} generated tok/s", self.requests_per_second, self.generated_tokens_per_second)]);
+        t.add_row(vec![
+            "throughput".into(),
+            format!(
+                "{:.2} req/s, {:.1} generated tok/s",
+                self.requests_per_second, self.generated_tokens_per_second
+            ),
+        ]);
         t.add_row(vec!["TTFT ms".into(), p(&self.ttft_ms)]);
         t.add_row(vec!["latency ms".into(), p(&self.latency_ms)]);
         if self.stream {
@@ -242,14 +304,35 @@ impl Report {
             ]);
             t.add_row(vec![
                 "KV cells".into(),
-                format!("peak {:.0}, final {:.0} of {}", m.peak_kv_cells, m.final_kv_cells, m.kv_cells_total.map(|k| format!("{k:.0}")).unwrap_or("?".into())),
+                format!(
+                    "peak {:.0}, final {:.0} of {}",
+                    m.peak_kv_cells,
+                    m.final_kv_cells,
+                    m.kv_cells_total
+                        .map(|k| format!("{k:.0}"))
+                        .unwrap_or("?".into())
+                ),
             ]);
             if let (Some(peak), Some(budget)) = (m.peak_device_bytes, m.device_budget_bytes) {
-                t.add_row(vec!["device memory".into(), format!("peak used by abserve {}, device budget {}", mb(peak), mb(budget))]);
+                t.add_row(vec![
+                    "device memory".into(),
+                    format!(
+                        "peak used by abserve {}, device budget {}",
+                        mb(peak),
+                        mb(budget)
+                    ),
+                ]);
             }
         }
         if let Some(s) = &self.server {
-            t.add_row(vec!["server counted".into(), s.iter().filter(|(_, v)| **v != 0.0).map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", ")]);
+            t.add_row(vec![
+                "server counted".into(),
+                s.iter()
+                    .filter(|(_, v)| **v != 0.0)
+                    .map(|(k, v)| format!("{k} {v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ]);
         }
         t.to_string()
     }
@@ -261,12 +344,23 @@ mod tests {
 
     #[test]
     fn device_memory_above_the_device_budget_fails_the_no_oom_check() {
-        let mut m = Memory { device_budget_bytes: Some(1000.0), peak_device_bytes: Some(1000.0), ..Default::default() };
+        let mut m = Memory {
+            device_budget_bytes: Some(1000.0),
+            peak_device_bytes: Some(1000.0),
+            ..Default::default()
+        };
         assert_eq!(m.device_over_budget(), None, "at the budget is within it");
         m.peak_device_bytes = Some(1001.0);
         let msg = m.device_over_budget().unwrap();
         assert!(msg.contains("1001") && msg.contains("1000"), "{msg}");
         // a CPU target has no device figures: nothing to judge
-        assert_eq!(Memory { peak_device_bytes: Some(5.0), ..Default::default() }.device_over_budget(), None);
+        assert_eq!(
+            Memory {
+                peak_device_bytes: Some(5.0),
+                ..Default::default()
+            }
+            .device_over_budget(),
+            None
+        );
     }
 }

@@ -42,18 +42,25 @@ impl Scraper {
             kv_cells_used: m.or_zero(names::KV_CELLS_USED),
             running: m.or_zero(names::REQUESTS_RUNNING),
             waiting: m.or_zero(names::REQUESTS_WAITING),
-            device_in_use_bytes: m
-                .has_prefix(names::DEVICE_MEMORY_USED)
-                .then(|| m.sum(names::DEVICE_MEMORY_USED) - m.sum(names::DEVICE_MEMORY_USED_BEFORE)),
+            device_in_use_bytes: m.has_prefix(names::DEVICE_MEMORY_USED).then(|| {
+                m.sum(names::DEVICE_MEMORY_USED) - m.sum(names::DEVICE_MEMORY_USED_BEFORE)
+            }),
         }
     }
 
     /// Samples until `stop` is set.
-    pub fn spawn(self: Arc<Self>, t0: Instant, out: Arc<Mutex<Vec<Sample>>>, stop: Arc<std::sync::atomic::AtomicBool>) -> tokio::task::JoinHandle<()> {
+    pub fn spawn(
+        self: Arc<Self>,
+        t0: Instant,
+        out: Arc<Mutex<Vec<Sample>>>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Some(m) = self.fetch().await {
-                    out.lock().unwrap_or_else(|e| e.into_inner()).push(Self::sample(&m, t0.elapsed().as_secs_f64()));
+                    out.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Self::sample(&m, t0.elapsed().as_secs_f64()));
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }

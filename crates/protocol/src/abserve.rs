@@ -113,7 +113,10 @@ pub struct List<T> {
 
 impl<T> List<T> {
     pub fn new(data: Vec<T>) -> List<T> {
-        List { object: "list".into(), data }
+        List {
+            object: "list".into(),
+            data,
+        }
     }
 }
 

@@ -20,10 +20,18 @@ use crate::wire::{ChatRequest, Chunk, ErrorBody, ModelList, Response, StreamOpti
 pub enum ClientError {
     /// No answer: connection refused or reset, DNS, TLS, or no response in time.
     #[error("request to {url} failed: {message}")]
-    Transport { url: String, message: String, timeout: bool },
+    Transport {
+        url: String,
+        message: String,
+        timeout: bool,
+    },
     /// An HTTP status other than 2xx; `message` is the OpenAI error message when there is one.
     #[error("HTTP {status}: {message}")]
-    Status { status: u16, retry_after: Option<Duration>, message: String },
+    Status {
+        status: u16,
+        retry_after: Option<Duration>,
+        message: String,
+    },
     /// The stream broke after the response started.
     #[error("stream broke: {0}")]
     Stream(String),
@@ -43,7 +51,9 @@ impl ClientError {
     pub fn server_text(&self) -> &str {
         match self {
             ClientError::Status { message, .. } | ClientError::ServerError(message) => message,
-            ClientError::Transport { message, .. } | ClientError::Stream(message) | ClientError::BadChunk(message) => message,
+            ClientError::Transport { message, .. }
+            | ClientError::Stream(message)
+            | ClientError::BadChunk(message) => message,
             ClientError::Incomplete => "",
         }
     }
@@ -82,7 +92,11 @@ pub struct Client {
 }
 
 fn transport(url: &str, e: reqwest::Error) -> ClientError {
-    ClientError::Transport { url: url.to_string(), message: e.to_string(), timeout: e.is_timeout() }
+    ClientError::Transport {
+        url: url.to_string(),
+        message: e.to_string(),
+        timeout: e.is_timeout(),
+    }
 }
 
 impl Client {
@@ -93,7 +107,11 @@ impl Client {
             .timeout(timeout)
             .build()
             .map_err(|e| transport(url, e))?;
-        Ok(Client { http, base: normalize_base(url), key })
+        Ok(Client {
+            http,
+            base: normalize_base(url),
+            key,
+        })
     }
 
     /// The endpoint root, without `/v1`.
@@ -121,9 +139,16 @@ impl Client {
     /// The first model id of `GET /v1/models`.
     pub async fn first_model(&self) -> Result<String, ClientError> {
         let url = format!("{}/v1/models", self.base);
-        let r = self.get("/v1/models").send().await.map_err(|e| transport(&url, e))?;
+        let r = self
+            .get("/v1/models")
+            .send()
+            .await
+            .map_err(|e| transport(&url, e))?;
         let r = check(r).await?;
-        let list: ModelList = r.json().await.map_err(|e| ClientError::BadChunk(format!("{url}: {e}")))?;
+        let list: ModelList = r
+            .json()
+            .await
+            .map_err(|e| ClientError::BadChunk(format!("{url}: {e}")))?;
         list.data
             .into_iter()
             .next()
@@ -149,26 +174,48 @@ impl Client {
 
     /// `POST /v1/chat/completions` with `body` (`stream` and `stream_options` are set here).
     /// Streamed: content is timed chunk by chunk. Whole: the time to first token is the latency.
-    pub async fn chat(&self, mut body: ChatRequest, stream: bool) -> Result<ChatOutcome, ClientError> {
+    pub async fn chat(
+        &self,
+        mut body: ChatRequest,
+        stream: bool,
+    ) -> Result<ChatOutcome, ClientError> {
         body.common.stream = stream;
-        body.common.stream_options = stream.then_some(StreamOptions { include_usage: true });
+        body.common.stream_options = stream.then_some(StreamOptions {
+            include_usage: true,
+        });
         let url = format!("{}/v1/chat/completions", self.base);
         let sent = Instant::now();
-        let r = self.post("/v1/chat/completions").json(&body).send().await.map_err(|e| transport(&url, e))?;
+        let r = self
+            .post("/v1/chat/completions")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport(&url, e))?;
         let r = check(r).await?;
         if !stream {
-            let v: Response = r.json().await.map_err(|e| ClientError::BadChunk(format!("body: {e}")))?;
+            let v: Response = r
+                .json()
+                .await
+                .map_err(|e| ClientError::BadChunk(format!("body: {e}")))?;
             let latency = sent.elapsed();
             let c = v.choices.first();
             return Ok(ChatOutcome {
                 text: c.and_then(|c| c.content()).unwrap_or_default().to_string(),
                 finish_reason: c.and_then(|c| c.finish_reason.clone()),
                 usage: v.usage,
-                timing: StreamTiming { ttft: Some(latency), gaps: vec![] },
+                timing: StreamTiming {
+                    ttft: Some(latency),
+                    gaps: vec![],
+                },
                 latency,
             });
         }
-        let mut a = Assembler { sent, last: None, done: false, out: ChatOutcome::default() };
+        let mut a = Assembler {
+            sent,
+            last: None,
+            done: false,
+            out: ChatOutcome::default(),
+        };
         let mut bytes = r.bytes_stream();
         let mut sse = SseDecoder::new();
         while !a.done {
@@ -206,8 +253,12 @@ impl Assembler {
             }
             SseEvent::Data(d) => d,
         };
-        let chunk: Chunk = serde_json::from_str(&data)
-            .map_err(|e| ClientError::BadChunk(format!("{e}: {}", data.chars().take(200).collect::<String>())))?;
+        let chunk: Chunk = serde_json::from_str(&data).map_err(|e| {
+            ClientError::BadChunk(format!(
+                "{e}: {}",
+                data.chars().take(200).collect::<String>()
+            ))
+        })?;
         if let Some(err) = chunk.error {
             return Err(ClientError::ServerError(err.message));
         }
@@ -247,8 +298,14 @@ async fn check(r: reqwest::Response) -> Result<reqwest::Response, ClientError> {
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(Duration::from_secs_f64);
     let text = r.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<ErrorBody>(&text).map(|b| b.error.message).unwrap_or(text);
-    Err(ClientError::Status { status: status.as_u16(), retry_after, message })
+    let message = serde_json::from_str::<ErrorBody>(&text)
+        .map(|b| b.error.message)
+        .unwrap_or(text);
+    Err(ClientError::Status {
+        status: status.as_u16(),
+        retry_after,
+        message,
+    })
 }
 
 #[cfg(test)]

@@ -29,7 +29,9 @@ pub fn parse(text: &str) -> Samples {
             },
         };
         let (series, rest) = line.split_at(split);
-        let Some(value) = rest.split_whitespace().next() else { continue };
+        let Some(value) = rest.split_whitespace().next() else {
+            continue;
+        };
         let v = match value {
             "+Inf" => f64::INFINITY,
             "-Inf" => f64::NEG_INFINITY,
@@ -59,7 +61,9 @@ impl Samples {
     pub fn sum(&self, name: &str) -> f64 {
         self.0
             .iter()
-            .filter(|(k, _)| k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+            .filter(|(k, _)| {
+                k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
+            })
             .map(|(_, v)| v)
             .sum()
     }
@@ -80,8 +84,15 @@ mod tests {
                     y{a=\"has space\"} 1.5e3 1700000000\nz +Inf\nbad line\nw{unclosed 1\n";
         let s = parse(text);
         assert_eq!(s.get("x"), Some(3.0));
-        assert_eq!(s.get("abserve_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"), Some(5.0));
-        assert_eq!(s.get("y{a=\"has space\"}"), Some(1500.0), "labels with spaces, timestamp ignored");
+        assert_eq!(
+            s.get("abserve_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"),
+            Some(5.0)
+        );
+        assert_eq!(
+            s.get("y{a=\"has space\"}"),
+            Some(1500.0),
+            "labels with spaces, timestamp ignored"
+        );
         assert_eq!(s.get("z"), Some(f64::INFINITY));
         assert_eq!(s.0.len(), 4);
         assert_eq!(s.sum("abserve_requests_total"), 5.0);

@@ -78,13 +78,25 @@ mod tests {
         let whole = all(&[text]);
         assert_eq!(
             whole,
-            vec![SseEvent::Data("{\"a\":1}".into()), SseEvent::Data("{\"b\":\"é\"}".into()), SseEvent::Done]
+            vec![
+                SseEvent::Data("{\"a\":1}".into()),
+                SseEvent::Data("{\"b\":\"é\"}".into()),
+                SseEvent::Done
+            ]
         );
         for cut in 1..text.len() {
-            assert_eq!(all(&[&text[..cut], &text[cut..]]), whole, "cut at byte {cut}");
+            assert_eq!(
+                all(&[&text[..cut], &text[cut..]]),
+                whole,
+                "cut at byte {cut}"
+            );
         }
         let bytes: Vec<&[u8]> = text.chunks(1).collect();
-        assert_eq!(all(&bytes), whole, "one byte at a time (a UTF-8 character split too)");
+        assert_eq!(
+            all(&bytes),
+            whole,
+            "one byte at a time (a UTF-8 character split too)"
+        );
     }
 
     #[test]
@@ -95,7 +107,10 @@ mod tests {
 
     #[test]
     fn a_last_line_without_newline_still_counts_and_bad_json_is_passed_on() {
-        assert_eq!(all(&[b"data: not json"]), vec![SseEvent::Data("not json".into())]);
+        assert_eq!(
+            all(&[b"data: not json"]),
+            vec![SseEvent::Data("not json".into())]
+        );
         assert_eq!(all(&[b"data: [DONE]"]), vec![SseEvent::Done]);
         assert_eq!(all(&[b"data:\n\n", b"\n"]), vec![]);
     }

@@ -25,7 +25,11 @@ async fn canned(parts: Vec<Vec<u8>>) -> String {
             if let Some(end) = text.find("\r\n\r\n") {
                 let len = text
                     .lines()
-                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()))
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap())
+                    })
                     .unwrap_or(0);
                 if got.len() >= end + 4 + len {
                     break;
@@ -67,7 +71,19 @@ async fn a_stream_split_anywhere_gives_text_usage_and_timing() {
     let mut parts = vec![sse_head()];
     parts.extend(body.chunks(37).map(|c| c.to_vec()));
     let url = canned(parts).await;
-    let out = client(&url).chat(ChatRequest { common: Common { model: Some("m".into()), ..Default::default() }, ..Default::default() }, true).await.unwrap();
+    let out = client(&url)
+        .chat(
+            ChatRequest {
+                common: Common {
+                    model: Some("m".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            true,
+        )
+        .await
+        .unwrap();
     assert_eq!(out.text, "Hello é");
     assert_eq!(out.finish_reason.as_deref(), Some("stop"));
     assert_eq!(out.usage.unwrap().completion_tokens, 2);
@@ -77,16 +93,38 @@ async fn a_stream_split_anywhere_gives_text_usage_and_timing() {
 
 #[tokio::test]
 async fn bad_json_error_chunks_and_cut_streams_are_errors() {
-    let bad = canned(vec![sse_head(), b"data: {not json\n\n".to_vec(), b"data: [DONE]\n\n".to_vec()]).await;
-    let e = client(&bad).chat(ChatRequest::default(), true).await.unwrap_err();
+    let bad = canned(vec![
+        sse_head(),
+        b"data: {not json\n\n".to_vec(),
+        b"data: [DONE]\n\n".to_vec(),
+    ])
+    .await;
+    let e = client(&bad)
+        .chat(ChatRequest::default(), true)
+        .await
+        .unwrap_err();
     assert!(matches!(e, ClientError::BadChunk(_)), "{e:?}");
 
-    let oom = canned(vec![sse_head(), b"data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n".to_vec()]).await;
-    let e = client(&oom).chat(ChatRequest::default(), true).await.unwrap_err();
+    let oom = canned(vec![
+        sse_head(),
+        b"data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n".to_vec(),
+    ])
+    .await;
+    let e = client(&oom)
+        .chat(ChatRequest::default(), true)
+        .await
+        .unwrap_err();
     assert_eq!(e, ClientError::ServerError("out of memory".into()));
 
-    let cut = canned(vec![sse_head(), b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n".to_vec()]).await;
-    let e = client(&cut).chat(ChatRequest::default(), true).await.unwrap_err();
+    let cut = canned(vec![
+        sse_head(),
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n".to_vec(),
+    ])
+    .await;
+    let e = client(&cut)
+        .chat(ChatRequest::default(), true)
+        .await
+        .unwrap_err();
     assert_eq!(e, ClientError::Incomplete);
 }
 
@@ -95,8 +133,18 @@ async fn status_errors_carry_retry_after_and_the_openai_message() {
     let body = r#"{"error":{"message":"the queue is full","type":"rate_limit_error","param":null,"code":null}}"#;
     let head = format!("HTTP/1.1 429 Too Many Requests\r\nretry-after: 2\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     let url = canned(vec![head.into_bytes(), body.as_bytes().to_vec()]).await;
-    let e = client(&url).chat(ChatRequest::default(), false).await.unwrap_err();
-    assert_eq!(e, ClientError::Status { status: 429, retry_after: Some(Duration::from_secs(2)), message: "the queue is full".into() });
+    let e = client(&url)
+        .chat(ChatRequest::default(), false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ClientError::Status {
+            status: 429,
+            retry_after: Some(Duration::from_secs(2)),
+            message: "the queue is full".into()
+        }
+    );
 }
 
 #[tokio::test]
@@ -104,8 +152,14 @@ async fn whole_answers_and_model_discovery() {
     let body = r#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
     let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     let url = canned(vec![head.into_bytes(), body.as_bytes().to_vec()]).await;
-    let out = client(&url).chat(ChatRequest::default(), false).await.unwrap();
-    assert_eq!((out.text.as_str(), out.finish_reason.as_deref()), ("ok", Some("length")));
+    let out = client(&url)
+        .chat(ChatRequest::default(), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.text.as_str(), out.finish_reason.as_deref()),
+        ("ok", Some("length"))
+    );
 
     let models = r#"{"object":"list","data":[{"id":"smol","object":"model"}]}"#;
     let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", models.len());

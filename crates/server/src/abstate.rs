@@ -39,15 +39,33 @@ impl AbState {
     /// replace stored ones of the same name (so changes made over HTTP to an experiment that is
     /// also in the file last until the next start), unless `keep_stored`: then the file only
     /// adds experiments the store does not have. Either way a log line says what happened.
-    pub async fn open(at: &Location, file: Option<&Path>, keep_stored: bool, poll: Duration) -> anyhow::Result<AbState> {
+    pub async fn open(
+        at: &Location,
+        file: Option<&Path>,
+        keep_stored: bool,
+        poll: Duration,
+    ) -> anyhow::Result<AbState> {
         let store = Store::connect(at).await?;
-        tracing::info!("experiment store: {} ({:?})", store.describe(), store.backend());
+        tracing::info!(
+            "experiment store: {} ({:?})",
+            store.describe(),
+            store.backend()
+        );
         if let Some(f) = file {
-            let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
             let (mut written, mut kept) = (vec![], vec![]);
             for e in abserve_ab::parse_file(&text)? {
-                let fresh = if keep_stored { store.create_experiment(&e).await? } else { store.put_experiment(&e).await.map(|_| true)? };
-                if fresh { written.push(e.name) } else { kept.push(e.name) }
+                let fresh = if keep_stored {
+                    store.create_experiment(&e).await?
+                } else {
+                    store.put_experiment(&e).await.map(|_| true)?
+                };
+                if fresh {
+                    written.push(e.name)
+                } else {
+                    kept.push(e.name)
+                }
             }
             if keep_stored {
                 tracing::info!(
@@ -61,8 +79,21 @@ impl AbState {
                 );
             }
         }
-        let by_name = store.experiments().await?.into_iter().map(|e| (e.name.clone(), e)).collect();
-        Ok(AbState { store, routing: RwLock::new(Routing { by_name, generation: 0 }), poll, reload: Default::default() })
+        let by_name = store
+            .experiments()
+            .await?
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect();
+        Ok(AbState {
+            store,
+            routing: RwLock::new(Routing {
+                by_name,
+                generation: 0,
+            }),
+            poll,
+            reload: Default::default(),
+        })
     }
 
     /// Checks every stored experiment's variants by the API's rules (a file or an older
@@ -70,19 +101,37 @@ impl AbState {
     pub fn check(&self, context: u64) -> anyhow::Result<()> {
         for e in self.list() {
             for v in &e.variants {
-                crate::validate::variant(v, context).map_err(|err| anyhow::anyhow!("experiment '{}': {}: {}", e.name, err.param.unwrap_or_default(), err.message))?;
+                crate::validate::variant(v, context).map_err(|err| {
+                    anyhow::anyhow!(
+                        "experiment '{}': {}: {}",
+                        e.name,
+                        err.param.unwrap_or_default(),
+                        err.message
+                    )
+                })?;
             }
         }
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<Experiment> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).by_name.get(name).cloned()
+        self.routing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_name
+            .get(name)
+            .cloned()
     }
 
     /// Every experiment, by name.
     pub fn list(&self) -> Vec<Experiment> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).by_name.values().cloned().collect()
+        self.routing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_name
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Routes `e` from now on (after the store has it).
@@ -102,11 +151,24 @@ impl AbState {
     /// Replaces the routing table with the store's experiments, unless a local change happened
     /// while they were read (the next reload picks that up).
     async fn reload(&self) -> Result<(), abserve_ab::StoreError> {
-        let before = self.routing.read().unwrap_or_else(|p| p.into_inner()).generation;
-        let fresh: BTreeMap<String, Experiment> = self.store.experiments().await?.into_iter().map(|e| (e.name.clone(), e)).collect();
+        let before = self
+            .routing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation;
+        let fresh: BTreeMap<String, Experiment> = self
+            .store
+            .experiments()
+            .await?
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect();
         let mut r = self.routing.write().unwrap_or_else(|p| p.into_inner());
         if r.generation == before && r.by_name != fresh {
-            tracing::info!("experiments changed in the store: now routing {:?}", fresh.keys().collect::<Vec<_>>());
+            tracing::info!(
+                "experiments changed in the store: now routing {:?}",
+                fresh.keys().collect::<Vec<_>>()
+            );
             r.by_name = fresh;
         }
         Ok(())
@@ -119,7 +181,10 @@ impl AbState {
         let _watcher = match self.store.watch(move || wake.notify_one()).await {
             Ok(w) => w,
             Err(e) => {
-                tracing::warn!("store: cannot listen for experiment changes ({e}); polling every {:?}", self.poll);
+                tracing::warn!(
+                    "store: cannot listen for experiment changes ({e}); polling every {:?}",
+                    self.poll
+                );
                 None
             }
         };
@@ -140,7 +205,10 @@ impl AbState {
     }
 
     pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
-        self.store.record_exposure(&experiment, &x).await.map_err(store_error)
+        self.store
+            .record_exposure(&experiment, &x)
+            .await
+            .map_err(store_error)
     }
 }
 
@@ -156,10 +224,16 @@ fn store_error(e: abserve_ab::StoreError) -> ApiError {
     use abserve_ab::StoreCondition as C;
     let what = "Nothing of this request was stored";
     match e.condition() {
-        C::Full => ApiError::insufficient_storage(format!("The experiment store is full ({e}). {what}; retry once space is freed.")),
-        C::Unwritable => ApiError::unavailable(format!("The experiment store cannot be written ({e}). {what}.")),
+        C::Full => ApiError::insufficient_storage(format!(
+            "The experiment store is full ({e}). {what}; retry once space is freed."
+        )),
+        C::Unwritable => ApiError::unavailable(format!(
+            "The experiment store cannot be written ({e}). {what}."
+        )),
         C::Busy => {
-            let mut err = ApiError::unavailable(format!("The experiment store is busy ({e}). {what}; retry shortly."));
+            let mut err = ApiError::unavailable(format!(
+                "The experiment store is busy ({e}). {what}; retry shortly."
+            ));
             err.retry_after = Some(1);
             err
         }

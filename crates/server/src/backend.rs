@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use abserve_engine::device::Device;
 use abserve_engine::plan::MemoryPlan;
-use abserve_engine::{ChatMessage, ChatTemplateError, Engine, Event, Request, StatsSnapshot, SubmitError};
+use abserve_engine::{
+    ChatMessage, ChatTemplateError, Engine, Event, Request, StatsSnapshot, SubmitError,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub trait Backend: Send + Sync + 'static {
@@ -21,7 +23,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Dropping the receiver cancels it.
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError>;
     /// Queues requests as one group: all of them or none (see `Engine::submit_group`).
-    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
+    fn submit_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
     /// Token ids of `text`; `add_special` adds BOS (a rendered chat template carries its own).
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32>;
     /// The model's chat template applied to `messages`, ending with the assistant's turn.
@@ -53,7 +58,10 @@ impl Backend for Engine {
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         Engine::submit(self, req)
     }
-    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+    fn submit_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         Engine::submit_group(self, reqs)
     }
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {

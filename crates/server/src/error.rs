@@ -1,9 +1,9 @@
 //! Errors in OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`, with the
 //! status code a client SDK maps to the right exception.
 
+use abserve_protocol::wire::{ErrorBody, ErrorObject};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use abserve_protocol::wire::{ErrorBody, ErrorObject};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -17,7 +17,14 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -41,7 +48,9 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("The model '{model}' does not exist. GET /v1/models lists the models served here."),
+            format!(
+                "The model '{model}' does not exist. GET /v1/models lists the models served here."
+            ),
         );
         e.param = Some("model".into());
         e.code = Some("model_not_found");
@@ -58,13 +67,21 @@ impl ApiError {
         )
     }
     pub fn overloaded(message: impl Into<String>, retry_after: u64) -> Self {
-        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", message);
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            message,
+        );
         e.code = Some("rate_limit_exceeded");
         e.retry_after = Some(retry_after.max(1));
         e
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
     }
     pub fn insufficient_storage(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", message)
@@ -82,7 +99,11 @@ impl ApiError {
         e
     }
     pub fn method_not_allowed() -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "Method not allowed on this path.")
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "Method not allowed on this path.",
+        )
     }
 
     pub fn body(&self) -> ErrorBody {
@@ -100,7 +121,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
     }

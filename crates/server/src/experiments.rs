@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use abserve_ab::assign;
-use abserve_ab::{Experiment, Status, Variant};
 use abserve_ab::Message;
 use abserve_ab::OutcomeEvent;
+use abserve_ab::{Experiment, Status, Variant};
 use abserve_engine::ChatMessage;
 use abserve_engine::{Request, SamplingParams};
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
@@ -25,11 +25,16 @@ use crate::job::{fit_context, Routed};
 use crate::state::AppState;
 
 fn ab(state: &AppState) -> Result<&AbState, ApiError> {
-    state.ab.as_ref().ok_or_else(|| ApiError::not_found("Experiments are not enabled on this server."))
+    state
+        .ab
+        .as_ref()
+        .ok_or_else(|| ApiError::not_found("Experiments are not enabled on this server."))
 }
 
 fn find(state: &AppState, name: &str) -> Result<Experiment, ApiError> {
-    ab(state)?.get(name).ok_or_else(|| ApiError::not_found(format!("No experiment named '{name}'.")))
+    ab(state)?
+        .get(name)
+        .ok_or_else(|| ApiError::not_found(format!("No experiment named '{name}'.")))
 }
 
 /// An experiment from a request body, checked as the API checks requests (every variant as
@@ -65,8 +70,16 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     let e = parse_experiment(&state, body).await?;
     // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
     // name exactly one gets 201
-    if !ab.store().create_experiment(&e).await.inspect_err(|_| state.metrics.store_error("experiment"))? {
-        let mut err = ApiError::bad_request(format!("An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.", e.name, e.name));
+    if !ab
+        .store()
+        .create_experiment(&e)
+        .await
+        .inspect_err(|_| state.metrics.store_error("experiment"))?
+    {
+        let mut err = ApiError::bad_request(format!(
+            "An experiment named '{}' exists; PUT /v1/experiments/{} replaces it.",
+            e.name, e.name
+        ));
         err.status = StatusCode::CONFLICT;
         return Err(err);
     }
@@ -76,37 +89,64 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
 
 /// One experiment.
 #[utoipa::path(get, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
-pub async fn get(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Response, ApiError> {
     Ok(Json(find(&state, &name)?).into_response())
 }
 
 /// Replaces an experiment's definition.
 #[utoipa::path(put, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = Object)))]
-pub async fn put(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn put(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = parse_experiment(&state, body).await?;
     if e.name != name {
-        return Err(ApiError::invalid_param("name", format!("The body names '{}' but the path names '{name}'.", e.name)));
+        return Err(ApiError::invalid_param(
+            "name",
+            format!("The body names '{}' but the path names '{name}'.", e.name),
+        ));
     }
-    ab.store().put_experiment(&e).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
+    ab.store()
+        .put_experiment(&e)
+        .await
+        .inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.insert(e.clone());
     Ok(Json(e).into_response())
 }
 
 /// Deletes an experiment (its exposures and events stay).
 #[utoipa::path(delete, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Deleted)))]
-pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
-    ab.store().delete_experiment(&name).await.inspect_err(|_| state.metrics.store_error("experiment"))?;
+    ab.store()
+        .delete_experiment(&name)
+        .await
+        .inspect_err(|_| state.metrics.store_error("experiment"))?;
     ab.remove(&name);
-    Ok(Json(Deleted { id: name, object: "experiment".into(), deleted: true }).into_response())
+    Ok(Json(Deleted {
+        id: name,
+        object: "experiment".into(),
+        deleted: true,
+    })
+    .into_response())
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum EventsBody {
-    Batch { events: Vec<OutcomeEvent>, batch_id: Option<String> },
+    Batch {
+        events: Vec<OutcomeEvent>,
+        batch_id: Option<String>,
+    },
     Many(Vec<OutcomeEvent>),
     One(OutcomeEvent),
 }
@@ -114,32 +154,64 @@ enum EventsBody {
 /// Records outcome events: one `{unit, metric, value}`, a list of them, or `{batch_id, events}`
 /// (a batch id makes a retry idempotent).
 #[utoipa::path(post, path = "/v1/experiments/{name}/events", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = EventsAccepted)))]
-pub async fn events(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     find(&state, &name)?;
     // one event, a list of events (the documented short form) or a batch object
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("We could not parse the JSON body of your request: {e}")))?;
-    let (events, batch_id) = match serde_json::from_value::<EventsBody>(value).map_err(|e| ApiError::bad_request(format!("Invalid events: {e}")))?
+    let value: Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "We could not parse the JSON body of your request: {e}"
+        ))
+    })?;
+    let (events, batch_id) = match serde_json::from_value::<EventsBody>(value)
+        .map_err(|e| ApiError::bad_request(format!("Invalid events: {e}")))?
     {
         EventsBody::Batch { events, batch_id } => (events, batch_id),
         EventsBody::Many(v) => (v, None),
         EventsBody::One(e) => (vec![e], None),
     };
     if events.is_empty() || events.len() > 10_000 {
-        return Err(ApiError::invalid_param("events", "send between 1 and 10000 events"));
+        return Err(ApiError::invalid_param(
+            "events",
+            "send between 1 and 10000 events",
+        ));
     }
-    if let Some(bad) = events.iter().find(|e| !e.value.is_finite() || e.unit.is_empty() || e.metric.is_empty()) {
-        return Err(ApiError::invalid_param("events", format!("event for unit '{}' metric '{}' is invalid (empty name or non-finite value)", bad.unit, bad.metric)));
+    if let Some(bad) = events
+        .iter()
+        .find(|e| !e.value.is_finite() || e.unit.is_empty() || e.metric.is_empty())
+    {
+        return Err(ApiError::invalid_param(
+            "events",
+            format!(
+                "event for unit '{}' metric '{}' is invalid (empty name or non-finite value)",
+                bad.unit, bad.metric
+            ),
+        ));
     }
     let n = events.len();
-    let stored = ab.store().record_events(&name, batch_id.as_deref(), &events).await.inspect_err(|_| state.metrics.store_error("events"))?;
-    Ok(Json(EventsAccepted { accepted: n, stored, duplicate_batch: stored == 0 }).into_response())
+    let stored = ab
+        .store()
+        .record_events(&name, batch_id.as_deref(), &events)
+        .await
+        .inspect_err(|_| state.metrics.store_error("events"))?;
+    Ok(Json(EventsAccepted {
+        accepted: n,
+        stored,
+        duplicate_batch: stored == 0,
+    })
+    .into_response())
 }
 
 /// Per-variant results: units, exposures, metrics with confidence intervals, SRM check.
 #[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
-pub async fn results(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Result<Response, ApiError> {
+pub async fn results(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
     let e = find(&state, &name)?;
     let r = ab.store().results(&e).await?;
@@ -171,22 +243,36 @@ pub fn route(
     unit: impl FnOnce(&Experiment) -> Option<String>,
     forced: Option<String>,
 ) -> Result<(Experiment, usize, Routed), ApiError> {
-    let e = find(state, name).map_err(|_| ApiError::model_not_found(&format!("experiment:{name}")))?;
+    let e =
+        find(state, name).map_err(|_| ApiError::model_not_found(&format!("experiment:{name}")))?;
     let unit = unit(&e);
     let control = e.control_index();
     if let Some(f) = forced {
-        let i = e
-            .variants
-            .iter()
-            .position(|v| v.id == f)
-            .ok_or_else(|| ApiError::invalid_param("X-Abserve-Variant", format!("experiment '{name}' has no variant '{f}'")))?;
-        let routed = Routed { experiment: e.name.clone(), variant: f, unit, forced: true, record: true, kv_share: e.max_kv_share };
+        let i = e.variants.iter().position(|v| v.id == f).ok_or_else(|| {
+            ApiError::invalid_param(
+                "X-Abserve-Variant",
+                format!("experiment '{name}' has no variant '{f}'"),
+            )
+        })?;
+        let routed = Routed {
+            experiment: e.name.clone(),
+            variant: f,
+            unit,
+            forced: true,
+            record: true,
+            kv_share: e.max_kv_share,
+        };
         return Ok((e, i, routed));
     }
     let assigned = match (&unit, e.status) {
-        (Some(u), Status::Running) => {
-            assign(e.seed(), u, e.variants.len(), e.coverage, &e.weights(), e.hash_version)
-        }
+        (Some(u), Status::Running) => assign(
+            e.seed(),
+            u,
+            e.variants.len(),
+            e.coverage,
+            &e.weights(),
+            e.hash_version,
+        ),
         _ => None,
     };
     let i = assigned.unwrap_or(control);
@@ -204,10 +290,21 @@ pub fn route(
 /// The chat messages a variant sends: its system prompt (if any) replaces the request's, and
 /// the last user message goes through its template as `{{ input }}`.
 /// A conversation as variant `v` sends it (see [`Variant::chat`]).
-pub fn variant_messages(v: &Variant, messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, ApiError> {
-    let ab: Vec<Message> = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
-    let out = v.chat(&ab).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(out.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect())
+pub fn variant_messages(
+    v: &Variant,
+    messages: &[ChatMessage],
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let ab: Vec<Message> = messages
+        .iter()
+        .map(|m| Message::new(&m.role, &m.content))
+        .collect();
+    let out = v
+        .chat(&ab)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(out
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect())
 }
 
 /// `{input}`: the user message every variant answers.
@@ -220,7 +317,11 @@ pub(crate) struct FanoutBody {
 /// side by side.
 /// Every variant on one input, side by side (queued as one group: all variants or none).
 #[utoipa::path(post, path = "/v1/experiments/{name}/fanout", params(("name" = String, Path, description = "the experiment's name")), request_body = FanoutBody, responses((status = 200, body = Fanout)))]
-pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn fanout(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let e = find(&state, &name)?;
     let exp = e.clone();
     let (input, jobs) = state
@@ -229,14 +330,27 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
             let mut jobs = vec![];
             for v in &exp.variants {
                 let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
-                let text = st.engine.render_chat(&msgs).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let text = st
+                    .engine
+                    .render_chat(&msgs)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
                 let prompt = st.engine.tokenize(&text, false);
-                let mut params = SamplingParams { temperature: 1.0, max_tokens: 256, ..Default::default() };
+                let mut params = SamplingParams {
+                    temperature: 1.0,
+                    max_tokens: 256,
+                    ..Default::default()
+                };
                 let mut explicit = false;
                 apply_variant(v, &mut params, &mut explicit);
                 // a fan-out clamps max_tokens to the room the context leaves
                 fit_context(st, &prompt, &mut params, false)?;
-                jobs.push(Request { prompt, params, group: Some(exp.name.clone()), priority: false, kv_share: exp.max_kv_share });
+                jobs.push(Request {
+                    prompt,
+                    params,
+                    group: Some(exp.name.clone()),
+                    priority: false,
+                    kv_share: exp.max_kv_share,
+                });
             }
             Ok((b.input, jobs))
         })
@@ -247,7 +361,10 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     let mut results = vec![];
     let mut orders = vec![];
     for (v, o) in e.variants.iter().zip(outs) {
-        let mut r = FanoutResult { variant: v.id.clone(), ..Default::default() };
+        let mut r = FanoutResult {
+            variant: v.id.clone(),
+            ..Default::default()
+        };
         match o {
             Ok(o) => {
                 let d = &o.completion;
@@ -274,6 +391,10 @@ pub async fn fanout(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<S
     for (rank, &i) in idx.iter().enumerate() {
         results[i].admission_rank = rank;
     }
-    Ok(Json(Fanout { experiment: e.name, input, results }).into_response())
+    Ok(Json(Fanout {
+        experiment: e.name,
+        input,
+        results,
+    })
+    .into_response())
 }
-

@@ -20,7 +20,10 @@ use crate::state::AppState;
 #[utoipa::path(get, path = "/health", responses((status = 200, body = Health)))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.engine.is_alive() {
-        Json(Health { status: "ok".into() }).into_response()
+        Json(Health {
+            status: "ok".into(),
+        })
+        .into_response()
     } else {
         ApiError::unavailable("The engine thread has stopped.").into_response()
     }
@@ -35,9 +38,23 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     }
     let t0 = Instant::now();
     let prompt = state.engine.tokenize("ready", true);
-    let req = Request { prompt, params: SamplingParams::greedy(1), group: None, priority: true, kv_share: None };
-    let rx = state.engine.submit(req).map_err(|e| format!("probe not accepted: {e}"))?;
-    match tokio::time::timeout(std::time::Duration::from_secs(30), abserve_engine::collect(rx)).await {
+    let req = Request {
+        prompt,
+        params: SamplingParams::greedy(1),
+        group: None,
+        priority: true,
+        kv_share: None,
+    };
+    let rx = state
+        .engine
+        .submit(req)
+        .map_err(|e| format!("probe not accepted: {e}"))?;
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        abserve_engine::collect(rx),
+    )
+    .await
+    {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return Err(format!("probe generation failed: {e}")),
         Err(_) => return Err("probe generation took longer than 30 s".into()),
@@ -51,7 +68,12 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         status: "ready".into(),
         model: state.config.model_id.clone(),
         probe_latency_ms: latency.as_secs_f64() * 1e3,
-        memory: ReadyMemory { rss_bytes: rss, budget_bytes: plan.budget_bytes, planned_bytes: plan.planned_bytes, margin_bytes: plan.margin_bytes },
+        memory: ReadyMemory {
+            rss_bytes: rss,
+            budget_bytes: plan.budget_bytes,
+            planned_bytes: plan.planned_bytes,
+            margin_bytes: plan.margin_bytes,
+        },
         plan: ReadyPlan {
             kv_cells: plan.kv_cells,
             context: plan.context,
@@ -67,7 +89,9 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         device: device_state(state),
     };
     if rss > limit {
-        return Err(format!("resident memory {rss} B is above the budget {limit} B"));
+        return Err(format!(
+            "resident memory {rss} B is above the budget {limit} B"
+        ));
     }
     if let Some(d) = &body.device {
         let ours = d.used_bytes.saturating_sub(d.used_before_bytes);
@@ -103,7 +127,9 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
         return ApiError::unavailable("not ready: shutting down").into_response();
     }
     let mut cache = state.ready.lock().await;
-    let fresh = cache.as_ref().is_some_and(|(t, _)| t.elapsed() < state.config.ready_cache);
+    let fresh = cache
+        .as_ref()
+        .is_some_and(|(t, _)| t.elapsed() < state.config.ready_cache);
     if !fresh {
         let r = probe(&state).await;
         *cache = Some((Instant::now(), r));
@@ -118,7 +144,15 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     match state.metrics.render() {
-        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
         Err(e) => ApiError::internal(format!("metrics could not be encoded: {e}")).into_response(),
     }
 }

@@ -40,7 +40,12 @@ pub(crate) struct ValidRequest {
 /// Checks a prompt against the context: not empty, at most `--max-prompt-tokens`, and room
 /// left for `max_tokens` — clamped to the room when the caller did not set it (`explicit_max`),
 /// a 400 naming the numbers when it did.
-pub(crate) fn fit_context(state: &AppState, prompt: &[i32], params: &mut SamplingParams, explicit_max: bool) -> Result<(), ApiError> {
+pub(crate) fn fit_context(
+    state: &AppState,
+    prompt: &[i32],
+    params: &mut SamplingParams,
+    explicit_max: bool,
+) -> Result<(), ApiError> {
     let ctx = state.engine.plan().context as usize;
     let limit = state.config.max_prompt_tokens.min(ctx - 1);
     if prompt.is_empty() {
@@ -73,8 +78,15 @@ pub(crate) fn fit_context(state: &AppState, prompt: &[i32], params: &mut Samplin
 }
 
 /// Records the exposure of a routed request (committed before the response goes out).
-pub(crate) async fn expose(state: &AppState, routed: &Routed, d: Option<&Completion>, error: Option<String>) -> Result<(), ApiError> {
-    let (Some(ab), true) = (state.ab.as_ref(), routed.record) else { return Ok(()) };
+pub(crate) async fn expose(
+    state: &AppState,
+    routed: &Routed,
+    d: Option<&Completion>,
+    error: Option<String>,
+) -> Result<(), ApiError> {
+    let (Some(ab), true) = (state.ab.as_ref(), routed.record) else {
+        return Ok(());
+    };
     let x = abserve_ab::Exposure {
         variant: routed.variant.clone(),
         unit: routed.unit.clone().unwrap_or_default(),
@@ -86,9 +98,12 @@ pub(crate) async fn expose(state: &AppState, routed: &Routed, d: Option<&Complet
     };
     let r = ab.record_exposure(routed.experiment.clone(), x).await;
     if let Err(e) = &r {
-        tracing::error!("recording an exposure of experiment '{}' failed: {}", routed.experiment, e.message);
+        tracing::error!(
+            "recording an exposure of experiment '{}' failed: {}",
+            routed.experiment,
+            e.message
+        );
         state.metrics.store_error("exposure");
     }
     r
 }
-

@@ -15,18 +15,18 @@ mod health;
 mod job;
 mod metrics;
 mod openapi;
-mod validate;
 mod respond;
 mod routes;
 mod serve;
 mod state;
+mod validate;
 
 #[cfg(test)]
 mod tests;
 
+pub use abstate::AbState;
 pub use backend::Backend;
 pub use error::ApiError;
-pub use abstate::AbState;
 pub use metrics::Metrics;
 pub use routes::router;
 pub use serve::serve;

@@ -8,7 +8,8 @@ use abserve_engine::plan::MemoryPlan;
 use abserve_engine::EngineStats;
 use abserve_protocol::names;
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -46,7 +47,9 @@ pub struct Metrics {
 }
 
 fn latency_buckets() -> Vec<f64> {
-    vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+    vec![
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    ]
 }
 
 /// Registers metrics on one registry; every registration error (a duplicate name, a bad name
@@ -71,16 +74,29 @@ impl Reg<'_> {
         self.add(IntCounter::new(name, help)?)
     }
     fn hist(&self, name: &str, help: &str, buckets: Vec<f64>) -> prometheus::Result<Histogram> {
-        self.add(Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?)
+        self.add(Histogram::with_opts(
+            HistogramOpts::new(name, help).buckets(buckets),
+        )?)
     }
     fn gauges(&self, name: &str, help: &str, label: &str) -> prometheus::Result<IntGaugeVec> {
         self.add(IntGaugeVec::new(Opts::new(name, help), &[label])?)
     }
-    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    fn counters(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> prometheus::Result<IntCounterVec> {
         self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
     }
     /// A counter by one label that starts at 0 for every known value (so rates exist at once).
-    fn known(&self, name: &str, help: &str, label: &str, values: &[&str]) -> prometheus::Result<IntCounterVec> {
+    fn known(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+        values: &[&str],
+    ) -> prometheus::Result<IntCounterVec> {
         let c = self.counters(name, help, &[label])?;
         for v in values {
             c.with_label_values(&[*v]);
@@ -91,48 +107,98 @@ impl Reg<'_> {
 
 /// The plan's figures, constant for the life of the process.
 fn register_plan(reg: &Reg, plan: &MemoryPlan) -> prometheus::Result<()> {
-    reg.constant(names::MEMORY_BUDGET, "Memory budget the plan was made for", plan.budget_bytes)?;
-    let planned = reg.gauges(names::MEMORY_PLANNED, "Planned host memory per component (they sum to the host plan)", "component")?;
+    reg.constant(
+        names::MEMORY_BUDGET,
+        "Memory budget the plan was made for",
+        plan.budget_bytes,
+    )?;
+    let planned = reg.gauges(
+        names::MEMORY_PLANNED,
+        "Planned host memory per component (they sum to the host plan)",
+        "component",
+    )?;
     // with layers offloaded, the device's part is exported apart (abserve_device_memory_*)
-    let (dw, dk) = plan.device.as_ref().map_or((0, 0), |d| (d.weights_bytes, d.kv_bytes));
+    let (dw, dk) = plan
+        .device
+        .as_ref()
+        .map_or((0, 0), |d| (d.weights_bytes, d.kv_bytes));
     let (weights, kv) = (plan.weights_bytes - dw, plan.kv_bytes - dk);
     for (c, v) in [
         ("weights", weights),
         ("kv", kv),
-        ("compute", plan.host_planned_bytes - weights - kv - plan.prefix_store_bytes),
+        (
+            "compute",
+            plan.host_planned_bytes - weights - kv - plan.prefix_store_bytes,
+        ),
         ("prefix_store", plan.prefix_store_bytes),
     ] {
         planned.with_label_values(&[c]).set(v as i64);
     }
     // a constant, typed as a counter because Prometheus reserves the _total suffix for them
-    reg.counter(names::KV_CELLS_TOTAL, "KV cache cells (tokens) the plan allocated; constant")?.inc_by(plan.kv_cells);
-    reg.constant(names::FULL_CONTEXT_SEQUENCES, "Concurrent sequences of the full context that fit", plan.full_context_sequences)?;
-    reg.constant(names::KV_SLOTS, "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each", plan.seq_slots)?;
+    reg.counter(
+        names::KV_CELLS_TOTAL,
+        "KV cache cells (tokens) the plan allocated; constant",
+    )?
+    .inc_by(plan.kv_cells);
+    reg.constant(
+        names::FULL_CONTEXT_SEQUENCES,
+        "Concurrent sequences of the full context that fit",
+        plan.full_context_sequences,
+    )?;
+    reg.constant(
+        names::KV_SLOTS,
+        "Sequence slots (llama.cpp n_seq_max); with split KV streams, one stream each",
+        plan.seq_slots,
+    )?;
     reg.constant(
         names::KV_CELLS_PER_SLOT,
         "KV cells of one slot's stream (split streams: fixed, no borrowing; unified: the whole pool)",
         plan.kv_cells_per_slot,
     )?;
-    reg.constant(names::KV_UNIFIED, "1 when all sequences share one KV pool, 0 with one stream per slot", plan.kv_unified as u64)?;
+    reg.constant(
+        names::KV_UNIFIED,
+        "1 when all sequences share one KV pool, 0 with one stream per slot",
+        plan.kv_unified as u64,
+    )?;
     Ok(())
 }
 
 /// The device's gauges: the plan's device budget and planned bytes (constants) and the
 /// device's total, free and used memory (read at every scrape), labelled with its name.
-fn register_device(reg: &Reg, p: &abserve_engine::plan::DevicePlan) -> prometheus::Result<[IntGauge; 3]> {
-    let label = |name: &str, help: &str| IntGauge::with_opts(Opts::new(name, help).const_label("device", p.name.as_str()));
+fn register_device(
+    reg: &Reg,
+    p: &abserve_engine::plan::DevicePlan,
+) -> prometheus::Result<[IntGauge; 3]> {
+    let label = |name: &str, help: &str| {
+        IntGauge::with_opts(Opts::new(name, help).const_label("device", p.name.as_str()))
+    };
     let constant = |name: &str, help: &str, v: u64| -> prometheus::Result<()> {
         let g = reg.add(label(name, help)?)?;
         g.set(v as i64);
         Ok(())
     };
-    constant(names::DEVICE_MEMORY_BUDGET, "Device memory budget the plan was made for", p.budget_bytes)?;
-    constant(names::DEVICE_MEMORY_PLANNED, "Device memory the plan places there (weights + KV + compute)", p.planned_bytes)?;
-    constant(names::DEVICE_MEMORY_USED_BEFORE, "Device memory in use before abserve loaded (other processes)", p.used_before_bytes)?;
+    constant(
+        names::DEVICE_MEMORY_BUDGET,
+        "Device memory budget the plan was made for",
+        p.budget_bytes,
+    )?;
+    constant(
+        names::DEVICE_MEMORY_PLANNED,
+        "Device memory the plan places there (weights + KV + compute)",
+        p.planned_bytes,
+    )?;
+    constant(
+        names::DEVICE_MEMORY_USED_BEFORE,
+        "Device memory in use before abserve loaded (other processes)",
+        p.used_before_bytes,
+    )?;
     Ok([
         reg.add(label(names::DEVICE_MEMORY_TOTAL, "Device memory in all")?)?,
         reg.add(label(names::DEVICE_MEMORY_FREE, "Device memory free now")?)?,
-        reg.add(label(names::DEVICE_MEMORY_USED, "Device memory in use now, by every process")?)?,
+        reg.add(label(
+            names::DEVICE_MEMORY_USED,
+            "Device memory in use now, by every process",
+        )?)?,
     ])
 }
 
@@ -150,9 +216,36 @@ impl Metrics {
             (Some(d), Some(p)) => Some((d, register_device(&reg, p)?)),
             _ => None,
         };
-        let rejections_total = reg.known(names::REJECTIONS, "Requests turned away, by reason", "reason", &["queue_full", "queue_timeout", "too_long", "shutting_down", "not_ready"])?;
-        let store_errors = reg.known(names::STORE_ERRORS, "Experiment-store writes that failed (disk full, unwritable, busy), by operation", "operation", &["exposure", "events", "experiment"])?;
-        let generation_errors = reg.known(names::GENERATION_ERRORS, "Generations that ended in an error after admission, by kind", "kind", &["out_of_memory", "no_slot", "decode", "shutting_down", "engine_stopped"])?;
+        let rejections_total = reg.known(
+            names::REJECTIONS,
+            "Requests turned away, by reason",
+            "reason",
+            &[
+                "queue_full",
+                "queue_timeout",
+                "too_long",
+                "shutting_down",
+                "not_ready",
+            ],
+        )?;
+        let store_errors = reg.known(
+            names::STORE_ERRORS,
+            "Experiment-store writes that failed (disk full, unwritable, busy), by operation",
+            "operation",
+            &["exposure", "events", "experiment"],
+        )?;
+        let generation_errors = reg.known(
+            names::GENERATION_ERRORS,
+            "Generations that ended in an error after admission, by kind",
+            "kind",
+            &[
+                "out_of_memory",
+                "no_slot",
+                "decode",
+                "shutting_down",
+                "engine_stopped",
+            ],
+        )?;
         let experiment_srm = GaugeVec::new(
             prometheus::Opts::new(names::EXPERIMENT_SRM_P_VALUE, "p-value of each experiment's sample-ratio-mismatch test (chi-squared; below 0.001 is a mismatch)"),
             &["experiment"],
@@ -207,15 +300,22 @@ impl Metrics {
             stats,
             registry: registry.clone(),
         };
-        m.registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        m.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(Arc::new(m))
     }
 
     /// The engine-step histogram exists before the engine starts (its observer feeds it).
     pub fn engine_step_histogram() -> prometheus::Result<Histogram> {
         Histogram::with_opts(
-            HistogramOpts::new(names::ENGINE_STEP, "Duration of one engine step (one batched decode)")
-                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            HistogramOpts::new(
+                names::ENGINE_STEP,
+                "Duration of one engine step (one batched decode)",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
         )
     }
 
@@ -228,7 +328,8 @@ impl Metrics {
             free.set(m.free_bytes as i64);
             used.set(m.used_bytes() as i64);
         }
-        self.peak_resident.set(abserve_engine::plan::peak_rss() as i64);
+        self.peak_resident
+            .set(abserve_engine::plan::peak_rss() as i64);
         self.kv_cells_used.set(s.kv_cells_used as i64);
         self.kv_cells_cached.set(s.kv_cells_cached as i64);
         self.running.set(s.running as i64);
@@ -252,8 +353,12 @@ impl Metrics {
         bump(&self.prefix_restores, s.prefix_restores);
         // experiment names are defined by the operator, so this label stays bounded
         for (name, now, peak) in self.stats.groups() {
-            self.experiment_kv.with_label_values(&[name.as_str()]).set(now as i64);
-            self.experiment_kv_peak.with_label_values(&[name.as_str()]).set(peak as i64);
+            self.experiment_kv
+                .with_label_values(&[name.as_str()])
+                .set(now as i64);
+            self.experiment_kv_peak
+                .with_label_values(&[name.as_str()])
+                .set(peak as i64);
         }
         let mut buf = String::new();
         TextEncoder::new().encode_utf8(&self.registry.gather(), &mut buf)?;
@@ -261,7 +366,9 @@ impl Metrics {
     }
 
     pub fn count(&self, endpoint: &str, status: u16) {
-        self.requests_total.with_label_values(&[endpoint, &status.to_string()]).inc();
+        self.requests_total
+            .with_label_values(&[endpoint, &status.to_string()])
+            .inc();
     }
 
     pub fn generation_error(&self, e: &abserve_engine::GenerationError) {

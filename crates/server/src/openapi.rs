@@ -2,10 +2,13 @@
 //! annotations and the body types of `abserve_protocol` (utoipa). The error answers every route
 //! can give (OpenAI's error body) are added to each operation in one place.
 
-use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, Health, Ready, ReadyMemory, ReadyPlan, SseEvent};
+use abserve_protocol::abserve::{
+    Deleted, EventsAccepted, Fanout, FanoutResult, Health, Ready, ReadyMemory, ReadyPlan, SseEvent,
+};
 use abserve_protocol::wire::{
-    ChatRequest, Choice, Chunk, ChunkChoice, Common, CompletionRequest, Content, ContentPart, Delta, ErrorBody, ErrorObject, Message,
-    Model, ModelList, Prompt, PromptTokensDetails, Response, ResponseMessage, Routing, Stop, StreamOptions, Usage,
+    ChatRequest, Choice, Chunk, ChunkChoice, Common, CompletionRequest, Content, ContentPart,
+    Delta, ErrorBody, ErrorObject, Message, Model, ModelList, Prompt, PromptTokensDetails,
+    Response, ResponseMessage, Routing, Stop, StreamOptions, Usage,
 };
 use axum::response::IntoResponse;
 use axum::Json;
@@ -17,18 +20,60 @@ use crate::{api, experiments, health};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "abserve", description = "OpenAI-compatible API over one shared model, with A/B experiments."),
+    info(
+        title = "abserve",
+        description = "OpenAI-compatible API over one shared model, with A/B experiments."
+    ),
     paths(
-        api::chat, api::completions, api::models,
-        experiments::list, experiments::create, experiments::get, experiments::put, experiments::delete,
-        experiments::fanout, experiments::events, experiments::results,
-        health::health, health::ready, health::metrics, openapi_json,
+        api::chat,
+        api::completions,
+        api::models,
+        experiments::list,
+        experiments::create,
+        experiments::get,
+        experiments::put,
+        experiments::delete,
+        experiments::fanout,
+        experiments::events,
+        experiments::results,
+        health::health,
+        health::ready,
+        health::metrics,
+        openapi_json,
     ),
     components(schemas(
-        ChatRequest, CompletionRequest, Common, Message, Content, ContentPart, Stop, StreamOptions, Prompt,
-        Response, Choice, ResponseMessage, Usage, PromptTokensDetails, Routing, Chunk, ChunkChoice, Delta,
-        ErrorBody, ErrorObject, Model, ModelList, Ready, ReadyMemory, ReadyPlan, Fanout, FanoutResult,
-        EventsAccepted, Deleted, Health, SseEvent, experiments::FanoutBody,
+        ChatRequest,
+        CompletionRequest,
+        Common,
+        Message,
+        Content,
+        ContentPart,
+        Stop,
+        StreamOptions,
+        Prompt,
+        Response,
+        Choice,
+        ResponseMessage,
+        Usage,
+        PromptTokensDetails,
+        Routing,
+        Chunk,
+        ChunkChoice,
+        Delta,
+        ErrorBody,
+        ErrorObject,
+        Model,
+        ModelList,
+        Ready,
+        ReadyMemory,
+        ReadyPlan,
+        Fanout,
+        FanoutResult,
+        EventsAccepted,
+        Deleted,
+        Health,
+        SseEvent,
+        experiments::FanoutBody,
     ))
 )]
 struct ApiDoc;
@@ -40,9 +85,18 @@ const ERRORS: [(&str, &str); 9] = [
     ("404", "unknown model, experiment or path"),
     ("405", "method not allowed on this path"),
     ("413", "body larger than --body-limit"),
-    ("415", "a write whose body is not declared as application/json"),
-    ("429", "queue full or queue timeout (Retry-After says when to retry)"),
-    ("503", "shutting down, not ready, engine stopped, or the experiment store cannot be written"),
+    (
+        "415",
+        "a write whose body is not declared as application/json",
+    ),
+    (
+        "429",
+        "queue full or queue timeout (Retry-After says when to retry)",
+    ),
+    (
+        "503",
+        "shutting down, not ready, engine stopped, or the experiment store cannot be written",
+    ),
     ("507", "the experiment store's disk is full"),
 ];
 
@@ -50,13 +104,31 @@ const ERRORS: [(&str, &str); 9] = [
 pub fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     let error = |why: &str| {
-        let content = ContentBuilder::new().schema(Some(RefOr::Ref(Ref::from_schema_name("ErrorBody")))).build();
-        RefOr::T(ResponseBuilder::new().description(why).content("application/json", content).build())
+        let content = ContentBuilder::new()
+            .schema(Some(RefOr::Ref(Ref::from_schema_name("ErrorBody"))))
+            .build();
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(why)
+                .content("application/json", content)
+                .build(),
+        )
     };
     for item in doc.paths.paths.values_mut() {
-        for op in [&mut item.get, &mut item.post, &mut item.put, &mut item.delete].into_iter().flatten() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
             for (code, why) in ERRORS {
-                op.responses.responses.entry(code.to_string()).or_insert_with(|| error(why));
+                op.responses
+                    .responses
+                    .entry(code.to_string())
+                    .or_insert_with(|| error(why));
             }
         }
     }

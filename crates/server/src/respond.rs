@@ -10,8 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_engine::{Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
-    ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs, PromptTokensDetails, Response as WireResponse,
-    ResponseMessage, Routing, TextLogprobs, TokenLogprob as WireLogprob, TopLogprob, Usage,
+    ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
+    PromptTokensDetails, Response as WireResponse, ResponseMessage, Routing, TextLogprobs,
+    TokenLogprob as WireLogprob, TopLogprob, Usage,
 };
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +21,7 @@ use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::job::{expose, ValidRequest, Kind, Routed};
+use crate::job::{expose, Kind, Routed, ValidRequest};
 use crate::state::AppState;
 
 impl Kind {
@@ -34,7 +35,10 @@ impl Kind {
 }
 
 pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn routing(r: &Routed) -> Routing {
@@ -48,10 +52,17 @@ fn routing(r: &Routed) -> Routing {
 }
 
 fn observe(state: &AppState, d: &Completion) {
-    state.metrics.ttft.observe(d.time_to_first_token.as_secs_f64());
-    state.metrics.request_duration.observe(d.total_time.as_secs_f64());
+    state
+        .metrics
+        .ttft
+        .observe(d.time_to_first_token.as_secs_f64());
+    state
+        .metrics
+        .request_duration
+        .observe(d.total_time.as_secs_f64());
     if d.completion_tokens > 1 {
-        let per = (d.total_time - d.time_to_first_token).as_secs_f64() / (d.completion_tokens - 1) as f64;
+        let per =
+            (d.total_time - d.time_to_first_token).as_secs_f64() / (d.completion_tokens - 1) as f64;
         state.metrics.time_per_output_token.observe(per);
     }
 }
@@ -63,14 +74,27 @@ fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
         Kind::Chat => {
             let top = |t: i32, logprob: f32| {
                 let bytes = e.piece(t);
-                TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes }
+                TopLogprob {
+                    token: String::from_utf8_lossy(&bytes).into_owned(),
+                    logprob,
+                    bytes,
+                }
             };
             let content = lps
                 .iter()
                 .map(|l| {
-                    let TopLogprob { token, logprob, bytes } = top(l.token, l.logprob);
+                    let TopLogprob {
+                        token,
+                        logprob,
+                        bytes,
+                    } = top(l.token, l.logprob);
                     let top_logprobs = l.top.iter().map(|&(t, lp)| top(t, lp)).collect();
-                    WireLogprob { token, logprob, bytes, top_logprobs }
+                    WireLogprob {
+                        token,
+                        logprob,
+                        bytes,
+                        top_logprobs,
+                    }
                 })
                 .collect();
             Logprobs::Chat(ChatLogprobs { content })
@@ -84,7 +108,8 @@ fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
                 offset += t.len();
                 out.tokens.push(t);
                 out.token_logprobs.push(l.logprob);
-                out.top_logprobs.push(l.top.iter().map(|&(t, lp)| (e.token_text(t), lp)).collect());
+                out.top_logprobs
+                    .push(l.top.iter().map(|&(t, lp)| (e.token_text(t), lp)).collect());
             }
             Logprobs::Text(out)
         }
@@ -93,11 +118,20 @@ fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
 
 /// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
 fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
-    prompts.iter().enumerate().filter(|(i, p)| *i == 0 || prompts[i - 1] != **p).map(|(_, p)| p.len()).sum()
+    prompts
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| *i == 0 || prompts[i - 1] != **p)
+        .map(|(_, p)| p.len())
+        .sum()
 }
 
 /// Waits for every choice, records the exposure, then answers with one JSON body.
-pub(crate) async fn collect_response(state: Arc<AppState>, job: ValidRequest, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
+pub(crate) async fn collect_response(
+    state: Arc<AppState>,
+    job: ValidRequest,
+    rxs: Vec<UnboundedReceiver<Event>>,
+) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
     for e in results.iter().filter_map(|r| r.as_ref().err()) {
         state.metrics.generation_error(e);
@@ -106,8 +140,14 @@ pub(crate) async fn collect_response(state: Arc<AppState>, job: ValidRequest, rx
     // it is not in the experiment's results (and the log and /metrics say why)
     let mut recorded = true;
     if let Some(r) = &job.routed {
-        let first = results.first().and_then(|x| x.as_ref().ok()).map(|c| &c.completion);
-        let err = results.iter().find_map(|x| x.as_ref().err()).map(|e| e.to_string());
+        let first = results
+            .first()
+            .and_then(|x| x.as_ref().ok())
+            .map(|c| &c.completion);
+        let err = results
+            .iter()
+            .find_map(|x| x.as_ref().err())
+            .map(|e| e.to_string());
         recorded = expose(&state, r, first, err).await.is_ok();
     }
     let want_lp = job.params.logprobs.is_some();
@@ -125,22 +165,40 @@ pub(crate) async fn collect_response(state: Arc<AppState>, job: ValidRequest, rx
             ..Default::default()
         };
         match job.kind {
-            Kind::Chat => choice.message = Some(ResponseMessage { role: "assistant".into(), content: Some(c.text) }),
+            Kind::Chat => {
+                choice.message = Some(ResponseMessage {
+                    role: "assistant".into(),
+                    content: Some(c.text),
+                })
+            }
             Kind::Text => choice.text = Some(c.text),
         }
         choices.push(choice);
     }
-    let mut usage = Usage::new(prompt_tokens_once(&job.prompts) as u64, completion_tokens as u64);
-    usage.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens: cached as u64 });
+    let mut usage = Usage::new(
+        prompt_tokens_once(&job.prompts) as u64,
+        completion_tokens as u64,
+    );
+    usage.prompt_tokens_details = Some(PromptTokensDetails {
+        cached_tokens: cached as u64,
+    });
     let body = WireResponse {
         id: job.kind.id(),
-        object: if job.kind == Kind::Chat { "chat.completion" } else { "text_completion" }.into(),
+        object: if job.kind == Kind::Chat {
+            "chat.completion"
+        } else {
+            "text_completion"
+        }
+        .into(),
         created: now_secs(),
         model: job.model.clone(),
         system_fingerprint: Some("abserve".into()),
         choices,
         usage: Some(usage),
-        abserve: job.routed.as_ref().map(|r| Routing { in_experiment: r.record && recorded, ..routing(r) }),
+        abserve: job.routed.as_ref().map(|r| Routing {
+            in_experiment: r.record && recorded,
+            ..routing(r)
+        }),
     };
     Ok(Json(body).into_response())
 }
@@ -164,14 +222,28 @@ enum Piece {
 
 impl Chunker {
     fn chunk(&self, choices: Vec<ChunkChoice>) -> Chunk {
-        Chunk { choices, ..self.template.clone() }
+        Chunk {
+            choices,
+            ..self.template.clone()
+        }
     }
 
     /// A choice carrying `text` as the endpoint carries it (`delta.content` or `text`).
     fn choice(&self, i: usize, text: Option<String>) -> ChunkChoice {
         match self.kind {
-            Kind::Chat => ChunkChoice { index: i as u32, delta: Some(Delta { role: None, content: text }), ..Default::default() },
-            Kind::Text => ChunkChoice { index: i as u32, text: Some(text.unwrap_or_default()), ..Default::default() },
+            Kind::Chat => ChunkChoice {
+                index: i as u32,
+                delta: Some(Delta {
+                    role: None,
+                    content: text,
+                }),
+                ..Default::default()
+            },
+            Kind::Text => ChunkChoice {
+                index: i as u32,
+                text: Some(text.unwrap_or_default()),
+                ..Default::default()
+            },
         }
     }
 
@@ -199,7 +271,12 @@ impl Chunker {
             Event::Error(e) => {
                 self.state.metrics.generation_error(&e);
                 let message = e.to_string();
-                let error = ErrorObject { message: message.clone(), kind: Some("server_error".into()), param: None, code: None };
+                let error = ErrorObject {
+                    message: message.clone(),
+                    kind: Some("server_error".into()),
+                    param: None,
+                    code: None,
+                };
                 Some(Piece::Error(ErrorBody { error }, message))
             }
             Event::Admitted { .. } => None,
@@ -222,7 +299,11 @@ pub(crate) fn stream_response(
     job: ValidRequest,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let object = if job.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if job.kind == Kind::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let template = Chunk {
         id: job.kind.id(),
         object: object.into(),
@@ -231,53 +312,84 @@ pub(crate) fn stream_response(
         system_fingerprint: Some("abserve".into()),
         ..Default::default()
     };
-    let chunker = Chunker { template, kind: job.kind, want_lp: job.params.logprobs.is_some(), state: state.clone() };
+    let chunker = Chunker {
+        template,
+        kind: job.kind,
+        want_lp: job.params.logprobs.is_some(),
+        state: state.clone(),
+    };
     // role chunks first (chat only)
     let head: Vec<Chunk> = match job.kind {
         Kind::Chat => (0..rxs.len())
             .map(|i| {
-                let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
-                chunker.chunk(vec![ChunkChoice { index: i as u32, delta: Some(delta), ..Default::default() }])
+                let delta = Delta {
+                    role: Some("assistant".into()),
+                    content: Some(String::new()),
+                };
+                chunker.chunk(vec![ChunkChoice {
+                    index: i as u32,
+                    delta: Some(delta),
+                    ..Default::default()
+                }])
             })
             .collect(),
         Kind::Text => vec![],
     };
     let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
-        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).map(move |ev| (i, ev)).boxed()
+        stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) },
+        )
+        .map(move |ev| (i, ev))
+        .boxed()
     }));
     let seen: Arc<Mutex<Seen>> = Default::default();
     let body = {
         let (chunker, seen) = (chunker.clone(), seen.clone());
-        merged.filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev))).map(move |p| {
-            // a poisoned lock is read through: the fields stay consistent (plain assignments)
-            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
-            match p {
-                Piece::Chunk(c) => sse(&c),
-                Piece::Error(body, message) => {
-                    s.first_error.get_or_insert(message);
-                    sse(&body)
+        merged
+            .filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev)))
+            .map(move |p| {
+                // a poisoned lock is read through: the fields stay consistent (plain assignments)
+                let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+                match p {
+                    Piece::Chunk(c) => sse(&c),
+                    Piece::Error(body, message) => {
+                        s.first_error.get_or_insert(message);
+                        sse(&body)
+                    }
+                    Piece::Last(c, d) => {
+                        s.completion_tokens += d.completion_tokens;
+                        s.first_done.get_or_insert(d);
+                        sse(&c)
+                    }
                 }
-                Piece::Last(c, d) => {
-                    s.completion_tokens += d.completion_tokens;
-                    s.first_done.get_or_insert(d);
-                    sse(&c)
-                }
-            }
-        })
+            })
     };
-    let tail = stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
+    let tail =
+        stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
     let events = stream::iter(head.iter().map(sse).collect::<Vec<_>>())
         .chain(body)
         .chain(tail)
-        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+        .chain(stream::once(async {
+            Ok(SseEvent::default().data("[DONE]"))
+        }));
     Sse::new(events)
 }
 
 /// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
-async fn finish_stream(state: Arc<AppState>, job: ValidRequest, chunker: Chunker, seen: Arc<Mutex<Seen>>) -> Option<Result<SseEvent, Infallible>> {
+async fn finish_stream(
+    state: Arc<AppState>,
+    job: ValidRequest,
+    chunker: Chunker,
+    seen: Arc<Mutex<Seen>>,
+) -> Option<Result<SseEvent, Infallible>> {
     let (done, err, completion) = {
         let s = seen.lock().unwrap_or_else(|p| p.into_inner());
-        (s.first_done.clone(), s.first_error.clone(), s.completion_tokens)
+        (
+            s.first_done.clone(),
+            s.first_error.clone(),
+            s.completion_tokens,
+        )
     };
     if let Some(r) = &job.routed {
         // failures are logged and counted by expose
@@ -287,7 +399,10 @@ async fn finish_stream(state: Arc<AppState>, job: ValidRequest, chunker: Chunker
         return None;
     }
     let mut c = chunker.chunk(vec![]);
-    c.usage = Some(Usage::new(prompt_tokens_once(&job.prompts) as u64, completion as u64));
+    c.usage = Some(Usage::new(
+        prompt_tokens_once(&job.prompts) as u64,
+        completion as u64,
+    ));
     Some(sse(&c))
 }
 

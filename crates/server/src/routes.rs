@@ -29,10 +29,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/models", get(api::models))
-        .route("/experiments", get(experiments::list).post(experiments::create))
+        .route(
+            "/experiments",
+            get(experiments::list).post(experiments::create),
+        )
         .route(
             "/experiments/{name}",
-            get(experiments::get).put(experiments::put).delete(experiments::delete),
+            get(experiments::get)
+                .put(experiments::put)
+                .delete(experiments::delete),
         )
         .route("/experiments/{name}/fanout", post(experiments::fanout))
         .route("/experiments/{name}/events", post(experiments::events))
@@ -51,7 +56,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             fallback_state.metrics.count("unmatched", 404);
             ApiError::not_found("Unknown path.").into_response()
         })
-        .layer(axum::middleware::map_response(move |r: Response| openai_errors(r, limit)))
+        .layer(axum::middleware::map_response(move |r: Response| {
+            openai_errors(r, limit)
+        }))
         .layer(DefaultBodyLimit::max(limit));
     if let Some(cors) = cors(&state.config.cors_origins) {
         app = app.layer(cors);
@@ -62,7 +69,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// CORS for the origins `--cors-origin` names (none: no CORS headers at all, browsers keep
 /// other sites' pages out).
 fn cors(origins: &[String]) -> Option<CorsLayer> {
-    let list: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    let list: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
     if list.is_empty() {
         return None;
     }
@@ -76,12 +86,23 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
 
 /// The metrics label of a route template: `/v1/experiments/{name}/events` → `experiments_name_events`.
 fn label(template: &str) -> String {
-    template.trim_start_matches("/v1").trim_start_matches('/').replace('/', "_").replace(['{', '}'], "")
+    template
+        .trim_start_matches("/v1")
+        .trim_start_matches('/')
+        .replace('/', "_")
+        .replace(['{', '}'], "")
 }
 
 /// Counts a matched request under its route template.
-async fn count(State(state): State<Arc<AppState>>, path: Option<MatchedPath>, req: Request, next: Next) -> Response {
-    let endpoint = path.map(|p| label(p.as_str())).unwrap_or_else(|| "unmatched".into());
+async fn count(
+    State(state): State<Arc<AppState>>,
+    path: Option<MatchedPath>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let endpoint = path
+        .map(|p| label(p.as_str()))
+        .unwrap_or_else(|| "unmatched".into());
     let resp = next.run(req).await;
     state.metrics.count(&endpoint, resp.status().as_u16());
     resp
@@ -110,14 +131,20 @@ async fn openai_errors(r: Response, limit: usize) -> Response {
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream") || v.starts_with("text/plain; version"));
+        .is_some_and(|v| {
+            v.starts_with("application/json")
+                || v.starts_with("text/event-stream")
+                || v.starts_with("text/plain; version")
+        });
     if is_json || r.status().is_success() {
         return r;
     }
     match r.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(limit).into_response(),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::method_not_allowed().into_response(),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE | StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+        | StatusCode::BAD_REQUEST
+        | StatusCode::UNPROCESSABLE_ENTITY => {
             ApiError::bad_request("The request could not be read.").into_response()
         }
         _ => r,
@@ -129,7 +156,10 @@ mod tests {
     #[test]
     fn labels_come_from_templates() {
         assert_eq!(super::label("/v1/chat/completions"), "chat_completions");
-        assert_eq!(super::label("/v1/experiments/{name}/events"), "experiments_name_events");
+        assert_eq!(
+            super::label("/v1/experiments/{name}/events"),
+            "experiments_name_events"
+        );
         assert_eq!(super::label("/health"), "health");
     }
 }

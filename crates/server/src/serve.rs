@@ -33,7 +33,9 @@ pub async fn serve(
     state.spawn_experiment_sync();
     let app = router(state.clone());
     let mut http = Builder::new(TokioExecutor::new());
-    http.http1().timer(TokioTimer::new()).header_read_timeout(state.config.header_read_timeout);
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(state.config.header_read_timeout);
     let graceful = GracefulShutdown::new();
     let open = Arc::new(AtomicUsize::new(0));
     tokio::pin!(stop);
@@ -53,7 +55,10 @@ pub async fn serve(
             _ = &mut stop => break,
             _ = &mut signal => break,
         };
-        let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = http.serve_connection_with_upgrades(
+            TokioIo::new(stream),
+            TowerToHyperService::new(app.clone()),
+        );
         let conn = graceful.watch(conn.into_owned());
         let open = open.clone();
         open.fetch_add(1, Ordering::SeqCst);
@@ -70,7 +75,10 @@ pub async fn serve(
 /// Refuses new work, then waits for running requests and open connections up to the drain
 /// timeout; past it, logs what is cut.
 async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize) {
-    tracing::info!("shutting down: refusing new requests, draining running ones (up to {:?})", state.config.drain_timeout);
+    tracing::info!(
+        "shutting down: refusing new requests, draining running ones (up to {:?})",
+        state.config.drain_timeout
+    );
     state.shutting_down.store(true, Ordering::SeqCst);
     let deadline = tokio::time::Instant::now() + state.config.drain_timeout;
     // requests in the engine first: their connections close once the answers are out

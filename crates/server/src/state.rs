@@ -37,7 +37,8 @@ pub struct AppState {
     pub started: Instant,
     /// Requests completed per second, smoothed (×1000), for Retry-After.
     drain_rate_milli: AtomicU64,
-    pub ready: tokio::sync::Mutex<Option<(Instant, Result<abserve_protocol::abserve::Ready, String>)>>,
+    pub ready:
+        tokio::sync::Mutex<Option<(Instant, Result<abserve_protocol::abserve::Ready, String>)>>,
     /// The A/B layer, when the server was started with a data directory.
     pub ab: Option<crate::abstate::AbState>,
     /// Slots of the blocking pool for request preparation (see [`AppState::prepare`]).
@@ -45,7 +46,12 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(engine: impl Backend, metrics: Arc<Metrics>, config: ServerConfig, ab: Option<crate::abstate::AbState>) -> Arc<Self> {
+    pub fn new(
+        engine: impl Backend,
+        metrics: Arc<Metrics>,
+        config: ServerConfig,
+        ab: Option<crate::abstate::AbState>,
+    ) -> Arc<Self> {
         Arc::new(AppState {
             engine: Box::new(engine),
             metrics,
@@ -73,7 +79,11 @@ impl AppState {
         self: &Arc<Self>,
         f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let _slot = self.prep.acquire().await.map_err(|_| ApiError::unavailable("The server is shutting down."))?;
+        let _slot = self
+            .prep
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable("The server is shutting down."))?;
         let st = self.clone();
         tokio::task::spawn_blocking(move || f(&st))
             .await
@@ -96,8 +106,13 @@ impl AppState {
                 let rate = (now - last) as f64;
                 last = now;
                 let old = st.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
-                let ewma = if old == 0.0 { rate } else { 0.7 * old + 0.3 * rate };
-                st.drain_rate_milli.store((ewma * 1000.0) as u64, Ordering::Relaxed);
+                let ewma = if old == 0.0 {
+                    rate
+                } else {
+                    0.7 * old + 0.3 * rate
+                };
+                st.drain_rate_milli
+                    .store((ewma * 1000.0) as u64, Ordering::Relaxed);
             }
         });
     }
@@ -113,10 +128,18 @@ impl AppState {
                 let Some(ab) = st.ab.as_ref() else { return };
                 for e in ab.list() {
                     if let Ok(units) = ab.store().units(&e.name).await {
-                        let observed: Vec<u64> = e.variants.iter().map(|v| units.get(&v.id).copied().unwrap_or(0)).collect();
+                        let observed: Vec<u64> = e
+                            .variants
+                            .iter()
+                            .map(|v| units.get(&v.id).copied().unwrap_or(0))
+                            .collect();
                         // NaN until the experiment has units to test
-                        let p = abserve_ab::srm(&observed, &e.weights()).map_or(f64::NAN, |s| s.p_value);
-                        st.metrics.experiment_srm.with_label_values(&[e.name.as_str()]).set(p);
+                        let p = abserve_ab::srm(&observed, &e.weights())
+                            .map_or(f64::NAN, |s| s.p_value);
+                        st.metrics
+                            .experiment_srm
+                            .with_label_values(&[e.name.as_str()])
+                            .set(p);
                     }
                 }
             }
@@ -175,7 +198,10 @@ impl AppState {
 
     /// Submits a fan-out's requests as one group: all enter the queue, or none (a 429 when there
     /// is no room for all now, a 400 when there never can be).
-    pub fn enqueue_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+    pub fn enqueue_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
         self.refuse_when_shutting_down()?;
         self.engine.submit_group(reqs).map_err(|e| self.refused(e))
     }

@@ -33,8 +33,12 @@ pub enum StoreCondition {
 impl StoreError {
     pub fn condition(&self) -> StoreCondition {
         match self {
-            StoreError::Sql(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => sql_condition(e),
-            StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => StoreCondition::Full,
+            StoreError::Sql(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
+                sql_condition(e)
+            }
+            StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                StoreCondition::Full
+            }
             StoreError::Io(_) => StoreCondition::Unwritable,
             _ => StoreCondition::Other,
         }
@@ -52,7 +56,9 @@ fn sql_condition(e: &sqlx::Error) -> StoreCondition {
             }
         }
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => StoreCondition::Full,
-        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed => StoreCondition::Unwritable,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed => {
+            StoreCondition::Unwritable
+        }
         sqlx::Error::PoolTimedOut => StoreCondition::Busy,
         _ => StoreCondition::Other,
     }
@@ -61,9 +67,9 @@ fn sql_condition(e: &sqlx::Error) -> StoreCondition {
 /// SQLite's primary result codes (https://sqlite.org/rescode.html).
 fn sqlite_condition(primary: i64) -> StoreCondition {
     match primary {
-        13 => StoreCondition::Full,                   // SQLITE_FULL
+        13 => StoreCondition::Full,                    // SQLITE_FULL
         3 | 8 | 10 | 14 => StoreCondition::Unwritable, // PERM, READONLY, IOERR, CANTOPEN
-        5 | 6 => StoreCondition::Busy,                // BUSY, LOCKED
+        5 | 6 => StoreCondition::Busy,                 // BUSY, LOCKED
         _ => StoreCondition::Other,
     }
 }
@@ -71,10 +77,10 @@ fn sqlite_condition(primary: i64) -> StoreCondition {
 /// PostgreSQL's SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html).
 fn postgres_condition(state: &str) -> StoreCondition {
     match state {
-        "53100" => StoreCondition::Full,                                   // disk_full
+        "53100" => StoreCondition::Full, // disk_full
         "25006" | "57P01" | "57P02" | "57P03" => StoreCondition::Unwritable, // read only; shutting down
         "40001" | "40P01" | "55P03" | "53200" | "53300" => StoreCondition::Busy, // serialization, deadlock, lock, memory, connections
-        s if s.starts_with("08") => StoreCondition::Unwritable,             // connection exceptions
+        s if s.starts_with("08") => StoreCondition::Unwritable, // connection exceptions
         _ => StoreCondition::Other,
     }
 }

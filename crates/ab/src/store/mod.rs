@@ -23,7 +23,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 pub use error::{StoreCondition, StoreError};
 pub use results::{MetricResult, Results, VariantResult};
@@ -88,7 +90,10 @@ macro_rules! on_pool {
 }
 
 fn now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Where a store lives, from a `--store` value: `postgres://…` (or `postgresql://…`),
@@ -107,7 +112,9 @@ impl FromStr for Location {
         } else if let Some(f) = s.strip_prefix("sqlite://") {
             Ok(Location::Sqlite(PathBuf::from(f)))
         } else if s.contains("://") {
-            Err(StoreError::Config(format!("unsupported store '{s}': use postgres://…, sqlite://FILE or a directory")))
+            Err(StoreError::Config(format!(
+                "unsupported store '{s}': use postgres://…, sqlite://FILE or a directory"
+            )))
         } else {
             Ok(Location::Sqlite(Path::new(s).join("abserve.db")))
         }
@@ -161,7 +168,10 @@ impl Store {
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(Duration::from_secs(10));
-                let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await?;
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(opts)
+                    .await?;
                 SQLITE_MIGRATIONS.run(&pool).await?;
                 Pool::Sqlite(pool)
             }
@@ -171,7 +181,9 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(5))
                     .connect(url)
                     .await
-                    .map_err(|e| StoreError::Config(format!("cannot connect to {location}: {e}")))?;
+                    .map_err(|e| {
+                        StoreError::Config(format!("cannot connect to {location}: {e}"))
+                    })?;
                 POSTGRES_MIGRATIONS.run(&pool).await?;
                 Pool::Postgres(pool)
             }
@@ -199,7 +211,11 @@ impl Store {
 
     async fn announce(&self, name: &str) -> Result<(), StoreError> {
         if let Pool::Postgres(p) = &self.pool {
-            sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(name).execute(p).await?;
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(name)
+                .execute(p)
+                .await?;
         }
         Ok(())
     }
@@ -227,12 +243,15 @@ impl Store {
     pub async fn experiments(&self) -> Result<Vec<Experiment>, StoreError> {
         let q = "SELECT definition FROM experiments ORDER BY name";
         let defs: Vec<String> = on_pool!(self, p => sqlx::query_scalar(q).fetch_all(p).await?);
-        defs.iter().map(|d| serde_json::from_str(d).map_err(StoreError::from)).collect()
+        defs.iter()
+            .map(|d| serde_json::from_str(d).map_err(StoreError::from))
+            .collect()
     }
 
     pub async fn experiment(&self, name: &str) -> Result<Option<Experiment>, StoreError> {
         let q = "SELECT definition FROM experiments WHERE name = $1";
-        let d: Option<String> = on_pool!(self, p => sqlx::query_scalar(q).bind(name).fetch_optional(p).await?);
+        let d: Option<String> =
+            on_pool!(self, p => sqlx::query_scalar(q).bind(name).fetch_optional(p).await?);
         Ok(match d {
             Some(d) => Some(serde_json::from_str(&d)?),
             None => None,
@@ -261,7 +280,12 @@ impl Store {
 
     /// Stores a batch atomically. Returns how many events were stored: 0 when `batch_id` was
     /// already stored (a retry, through this replica or another).
-    pub async fn record_events(&self, experiment: &str, batch_id: Option<&str>, events: &[OutcomeEvent]) -> Result<usize, StoreError> {
+    pub async fn record_events(
+        &self,
+        experiment: &str,
+        batch_id: Option<&str>,
+        events: &[OutcomeEvent],
+    ) -> Result<usize, StoreError> {
         let mark = "INSERT INTO event_batches (experiment, batch_id, events) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
         let insert = "INSERT INTO events (experiment, unit, metric, value, ts, batch_id) VALUES ($1, $2, $3, $4, $5, $6)";
         let t = now();
@@ -285,13 +309,17 @@ impl Store {
 
     pub async fn count_events(&self, experiment: &str) -> Result<u64, StoreError> {
         let q = "SELECT COUNT(*) FROM events WHERE experiment = $1";
-        Ok(on_pool!(self, p => sqlx::query_scalar::<_, i64>(q).bind(experiment).fetch_one(p).await?) as u64)
+        Ok(
+            on_pool!(self, p => sqlx::query_scalar::<_, i64>(q).bind(experiment).fetch_one(p).await?)
+                as u64,
+        )
     }
 
     /// Units per variant (a unit belongs to the variant of its first non-forced exposure).
     pub async fn units(&self, experiment: &str) -> Result<BTreeMap<String, u64>, StoreError> {
         let q = results::units_sql();
-        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(&q).bind(experiment).fetch_all(p).await?);
+        let rows: Vec<(String, i64)> =
+            on_pool!(self, p => sqlx::query_as(&q).bind(experiment).fetch_all(p).await?);
         Ok(rows.into_iter().map(|(v, n)| (v, n as u64)).collect())
     }
 
@@ -301,13 +329,19 @@ impl Store {
         let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).fetch_all(p).await?);
         let exposures = rows.into_iter().map(|(v, n)| (v, n as u64)).collect();
         let q = results::moments_sql();
-        let moments: Vec<results::MomentRow> = on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).fetch_all(p).await?);
+        let moments: Vec<results::MomentRow> =
+            on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).fetch_all(p).await?);
         Ok(results::assemble(e, &units, &exposures, moments))
     }
 
     /// Stores the result of a queued job once: `false` when that job id is already stored
     /// (a redelivered job that was finished before).
-    pub async fn put_job_result(&self, job_id: &str, run: &str, result: &str) -> Result<bool, StoreError> {
+    pub async fn put_job_result(
+        &self,
+        job_id: &str,
+        run: &str,
+        result: &str,
+    ) -> Result<bool, StoreError> {
         let q = "INSERT INTO eval_results (job_id, run, result, ts) VALUES ($1, $2, $3, $4) ON CONFLICT (job_id) DO NOTHING";
         let n = on_pool!(self, p => sqlx::query(q).bind(job_id).bind(run).bind(result).bind(now()).execute(p).await?.rows_affected());
         Ok(n == 1)
@@ -316,15 +350,21 @@ impl Store {
     /// The stored results of a run's jobs, by job id.
     pub async fn job_results(&self, run: &str) -> Result<BTreeMap<String, String>, StoreError> {
         let q = "SELECT job_id, result FROM eval_results WHERE run = $1";
-        let rows: Vec<(String, String)> = on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await?);
+        let rows: Vec<(String, String)> =
+            on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await?);
         Ok(rows.into_iter().collect())
     }
 
     /// On PostgreSQL, calls `changed` at every experiment change announced by any replica
     /// (the listener reconnects by itself after a lost connection, and then calls `changed`
     /// once, since notifications may have been missed). On SQLite, returns `None`.
-    pub async fn watch(&self, changed: impl Fn() + Send + 'static) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
-        let Pool::Postgres(p) = &self.pool else { return Ok(None) };
+    pub async fn watch(
+        &self,
+        changed: impl Fn() + Send + 'static,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
+        let Pool::Postgres(p) = &self.pool else {
+            return Ok(None);
+        };
         let mut listener = PgListener::connect_with(p).await?;
         listener.listen(CHANNEL).await?;
         Ok(Some(tokio::spawn(async move {

@@ -81,10 +81,18 @@ pub struct Results {
 }
 
 /// Per-variant results with statistics against the control, from the aggregates.
-pub(super) fn assemble(e: &Experiment, units: &BTreeMap<String, u64>, exposures: &BTreeMap<String, u64>, moments: Vec<MomentRow>) -> Results {
+pub(super) fn assemble(
+    e: &Experiment,
+    units: &BTreeMap<String, u64>,
+    exposures: &BTreeMap<String, u64>,
+    moments: Vec<MomentRow>,
+) -> Results {
     let mut by_metric: BTreeMap<String, BTreeMap<String, Summary>> = BTreeMap::new();
     for (variant, metric, n, mean, m2) in moments {
-        by_metric.entry(metric).or_default().insert(variant, from_moments(n as usize, mean, m2));
+        by_metric
+            .entry(metric)
+            .or_default()
+            .insert(variant, from_moments(n as usize, mean, m2));
     }
     let control = &e.variants[e.control_index()].id;
     let empty = from_moments(0, f64::NAN, f64::NAN);
@@ -97,8 +105,18 @@ pub(super) fn assemble(e: &Experiment, units: &BTreeMap<String, u64>, exposures:
                 .map(|(m, by_variant)| {
                     let xs = by_variant.get(&v.id).unwrap_or(&empty);
                     let cs = by_variant.get(control).unwrap_or(&empty);
-                    let vs_control = if &v.id == control { None } else { welch_summaries(cs, xs) };
-                    (m.clone(), MetricResult { summary: *xs, vs_control })
+                    let vs_control = if &v.id == control {
+                        None
+                    } else {
+                        welch_summaries(cs, xs)
+                    };
+                    (
+                        m.clone(),
+                        MetricResult {
+                            summary: *xs,
+                            vs_control,
+                        },
+                    )
                 })
                 .collect();
             VariantResult {
@@ -111,5 +129,10 @@ pub(super) fn assemble(e: &Experiment, units: &BTreeMap<String, u64>, exposures:
         })
         .collect::<Vec<_>>();
     let observed: Vec<u64> = variants.iter().map(|v| v.units).collect();
-    Results { experiment: e.name.clone(), control: control.clone(), srm: srm(&observed, &e.weights()), variants }
+    Results {
+        experiment: e.name.clone(),
+        control: control.clone(),
+        srm: srm(&observed, &e.weights()),
+        variants,
+    }
 }

@@ -11,11 +11,24 @@ fn exp() -> Experiment {
 }
 
 fn event(unit: &str, metric: &str, value: f64) -> OutcomeEvent {
-    OutcomeEvent { unit: unit.into(), metric: metric.into(), value, timestamp: None }
+    OutcomeEvent {
+        unit: unit.into(),
+        metric: metric.into(),
+        value,
+        timestamp: None,
+    }
 }
 
 fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
-    Exposure { variant: variant.into(), unit: unit.into(), forced: false, latency_ms: Some(latency), ttft_ms: Some(10.0), output_tokens: Some(20), error: None }
+    Exposure {
+        variant: variant.into(),
+        unit: unit.into(),
+        forced: false,
+        latency_ms: Some(latency),
+        ttft_ms: Some(10.0),
+        output_tokens: Some(20),
+        error: None,
+    }
 }
 
 /// Runs `$test(fresh)` on SQLite and on PostgreSQL.
@@ -54,8 +67,15 @@ async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fre
         assert_eq!(s.schema_version().await.unwrap(), 2);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
-        assert_eq!(s.record_events("aa", Some("batch-1"), &ev).await.unwrap(), 1);
-        assert_eq!(s.record_events("aa", Some("batch-1"), &ev).await.unwrap(), 0, "a retried batch is not stored twice");
+        assert_eq!(
+            s.record_events("aa", Some("batch-1"), &ev).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            s.record_events("aa", Some("batch-1"), &ev).await.unwrap(),
+            0,
+            "a retried batch is not stored twice"
+        );
         assert_eq!(s.record_events("aa", None, &ev).await.unwrap(), 1);
     }
     let s = f.store().await;
@@ -73,7 +93,10 @@ async fn of_two_creates_of_one_name_exactly_one_succeeds(f: &Fresh) {
     let mut other = e.clone();
     other.coverage = 0.5;
     let (a, b) = tokio::join!(s1.create_experiment(&e), s2.create_experiment(&other));
-    assert!(a.unwrap() ^ b.unwrap(), "exactly one of two concurrent creates succeeds");
+    assert!(
+        a.unwrap() ^ b.unwrap(),
+        "exactly one of two concurrent creates succeeds"
+    );
     let stored = s1.experiment("aa").await.unwrap().unwrap();
     assert!(stored == e || stored == other);
     assert!(!s2.create_experiment(&e).await.unwrap(), "the name exists");
@@ -84,15 +107,42 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
     let s = f.store().await;
     for i in 0..40 {
         let variant = if i % 2 == 0 { "a" } else { "b" };
-        s.record_exposure("aa", &exposure(variant, &format!("u{i}"), 100.0 + i as f64)).await.unwrap();
-        let value = if variant == "b" { 2.0 + (i % 3) as f64 } else { 1.0 + (i % 3) as f64 };
-        s.record_events("aa", None, &[event(&format!("u{i}"), "score", value)]).await.unwrap();
+        s.record_exposure("aa", &exposure(variant, &format!("u{i}"), 100.0 + i as f64))
+            .await
+            .unwrap();
+        let value = if variant == "b" {
+            2.0 + (i % 3) as f64
+        } else {
+            1.0 + (i % 3) as f64
+        };
+        s.record_events("aa", None, &[event(&format!("u{i}"), "score", value)])
+            .await
+            .unwrap();
     }
     // a later exposure of u0 to the other variant does not move it; a forced one is not counted
-    s.record_exposure("aa", &exposure("b", "u0", 1.0)).await.unwrap();
-    let forced = Exposure { variant: "b".into(), unit: "qa".into(), forced: true, latency_ms: None, ttft_ms: None, output_tokens: None, error: None };
+    s.record_exposure("aa", &exposure("b", "u0", 1.0))
+        .await
+        .unwrap();
+    let forced = Exposure {
+        variant: "b".into(),
+        unit: "qa".into(),
+        forced: true,
+        latency_ms: None,
+        ttft_ms: None,
+        output_tokens: None,
+        error: None,
+    };
     s.record_exposure("aa", &forced).await.unwrap();
-    s.record_events("aa", None, &[event("qa", "score", 100.0), event("never-exposed", "score", 100.0)]).await.unwrap();
+    s.record_events(
+        "aa",
+        None,
+        &[
+            event("qa", "score", 100.0),
+            event("never-exposed", "score", 100.0),
+        ],
+    )
+    .await
+    .unwrap();
     let r = s.results(&e).await.unwrap();
     assert_eq!((r.variants[0].units, r.variants[1].units), (20, 20));
     assert_eq!((r.variants[0].exposures, r.variants[1].exposures), (20, 21));
@@ -103,7 +153,10 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
     assert!(r.variants[0].metrics["score"].vs_control.is_none());
     assert_eq!(r.variants[0].metrics["latency_ms"].summary.n, 20);
     assert_eq!(r.variants[1].metrics["error"].summary.mean, 0.0);
-    assert_eq!(s.units("aa").await.unwrap(), [("a".to_string(), 20), ("b".to_string(), 20)].into());
+    assert_eq!(
+        s.units("aa").await.unwrap(),
+        [("a".to_string(), 20), ("b".to_string(), 20)].into()
+    );
 }
 
 /// The database's aggregates give the statistics that the values themselves give.
@@ -125,10 +178,17 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
         latencies.entry(v).or_default().push(latency);
         // several events per unit: the unit's value is their mean
         let k = rng.gen_range(1..4);
-        let vals: Vec<f64> = (0..k).map(|_| rng.gen_range(0.0..10.0) + if v == "b" { 0.5 } else { 0.0 }).collect();
+        let vals: Vec<f64> = (0..k)
+            .map(|_| rng.gen_range(0.0..10.0) + if v == "b" { 0.5 } else { 0.0 })
+            .collect();
         let evs: Vec<_> = vals.iter().map(|&x| event(&unit, "score", x)).collect();
-        s.record_events("aa", Some(&format!("batch-{i}")), &evs).await.unwrap();
-        scores.entry(v).or_default().push(vals.iter().sum::<f64>() / k as f64);
+        s.record_events("aa", Some(&format!("batch-{i}")), &evs)
+            .await
+            .unwrap();
+        scores
+            .entry(v)
+            .or_default()
+            .push(vals.iter().sum::<f64>() / k as f64);
     }
     let r = s.results(&e).await.unwrap();
     for (i, v) in ["a", "b"].iter().enumerate() {
@@ -136,8 +196,15 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
             let got = r.variants[i].metrics[metric].summary;
             let want = crate::stats::summarize(&values[v]);
             assert_eq!(got.n, want.n, "{metric} {v}");
-            for (g, w) in [(got.mean, want.mean), (got.sd, want.sd), (got.ci_low, want.ci_low)] {
-                assert!((g - w).abs() <= 1e-9 * w.abs().max(1.0), "{metric} {v}: {g} vs {w}");
+            for (g, w) in [
+                (got.mean, want.mean),
+                (got.sd, want.sd),
+                (got.ci_low, want.ci_low),
+            ] {
+                assert!(
+                    (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+                    "{metric} {v}: {g} vs {w}"
+                );
             }
         }
     }
@@ -148,17 +215,34 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
 
 async fn a_batch_retried_concurrently_through_another_connection_is_stored_once(f: &Fresh) {
     let (s1, s2) = (f.store().await, f.store().await);
-    let ev: Vec<_> = (0..50).map(|i| event(&format!("u{i}"), "m", i as f64)).collect();
-    let (a, b) = tokio::join!(s1.record_events("aa", Some("same"), &ev), s2.record_events("aa", Some("same"), &ev));
+    let ev: Vec<_> = (0..50)
+        .map(|i| event(&format!("u{i}"), "m", i as f64))
+        .collect();
+    let (a, b) = tokio::join!(
+        s1.record_events("aa", Some("same"), &ev),
+        s2.record_events("aa", Some("same"), &ev)
+    );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a + b, 50, "one of the two stored the batch, the other nothing ({a}, {b})");
+    assert_eq!(
+        a + b,
+        50,
+        "one of the two stored the batch, the other nothing ({a}, {b})"
+    );
     assert_eq!(s2.count_events("aa").await.unwrap(), 50);
 }
 
 async fn job_results_are_stored_once_per_job(f: &Fresh) {
     let s = f.store().await;
-    assert!(s.put_job_result("run1/r1/a", "run1", "{\"x\":1}").await.unwrap());
-    assert!(!s.put_job_result("run1/r1/a", "run1", "{\"x\":2}").await.unwrap(), "a redelivered job is stored once");
+    assert!(s
+        .put_job_result("run1/r1/a", "run1", "{\"x\":1}")
+        .await
+        .unwrap());
+    assert!(
+        !s.put_job_result("run1/r1/a", "run1", "{\"x\":2}")
+            .await
+            .unwrap(),
+        "a redelivered job is stored once"
+    );
     assert!(s.put_job_result("run2/r1/a", "run2", "{}").await.unwrap());
     let r = s.job_results("run1").await.unwrap();
     assert_eq!(r.len(), 1);
@@ -169,14 +253,26 @@ async fn job_results_are_stored_once_per_job(f: &Fresh) {
 #[tokio::test]
 async fn a_store_from_before_sqlx_keeps_its_rows() {
     let f = Fresh::sqlite("legacy");
-    let Fresh::Sqlite(dir) = &f else { unreachable!() };
+    let Fresh::Sqlite(dir) = &f else {
+        unreachable!()
+    };
     std::fs::create_dir_all(dir).unwrap();
-    let opts = SqliteConnectOptions::new().filename(dir.join("abserve.db")).create_if_missing(true);
+    let opts = SqliteConnectOptions::new()
+        .filename(dir.join("abserve.db"))
+        .create_if_missing(true);
     let pool = SqlitePool::connect_with(opts).await.unwrap();
-    let old = include_str!("../../migrations/sqlite/0001_initial.sql").replace("IF NOT EXISTS ", "");
+    let old =
+        include_str!("../../migrations/sqlite/0001_initial.sql").replace("IF NOT EXISTS ", "");
     sqlx::raw_sql(&old).execute(&pool).await.unwrap();
-    sqlx::query("PRAGMA user_version = 1").execute(&pool).await.unwrap();
-    sqlx::query("INSERT INTO experiments VALUES ('aa', $1, 0)").bind(serde_json::to_string(&exp()).unwrap()).execute(&pool).await.unwrap();
+    sqlx::query("PRAGMA user_version = 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO experiments VALUES ('aa', $1, 0)")
+        .bind(serde_json::to_string(&exp()).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
@@ -190,22 +286,61 @@ async fn postgres_announces_experiment_changes() {
     let f = Fresh::postgres("watch").await;
     let (a, b) = (f.store().await, f.store().await);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let task = b.watch(move || { let _ = tx.send(()); }).await.unwrap().expect("PostgreSQL can be watched");
+    let task = b
+        .watch(move || {
+            let _ = tx.send(());
+        })
+        .await
+        .unwrap()
+        .expect("PostgreSQL can be watched");
     a.put_experiment(&exp()).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("notified within 10 s").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("notified within 10 s")
+        .unwrap();
     a.delete_experiment("aa").await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("notified within 10 s").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("notified within 10 s")
+        .unwrap();
     task.abort();
-    assert!(Fresh::sqlite("watch").store().await.watch(|| ()).await.unwrap().is_none(), "SQLite has nothing to watch");
+    assert!(
+        Fresh::sqlite("watch")
+            .store()
+            .await
+            .watch(|| ())
+            .await
+            .unwrap()
+            .is_none(),
+        "SQLite has nothing to watch"
+    );
     f.drop().await;
 }
 
 #[test]
 fn urls_lose_their_password_in_logs() {
-    assert_eq!(url_without_password("postgres://u:secret@h:5432/db").unwrap(), "postgres://u@h:5432/db");
-    assert_eq!(url_without_password("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(), "amqp://guest@127.0.0.1:5672/%2f");
-    assert_eq!(url_without_password("postgres://h/db").unwrap(), "postgres://h/db");
-    assert_eq!("postgres://u:pw@h/db".parse::<Location>().unwrap().describe(), "postgres://u@h/db");
-    assert_eq!("/var/data".parse::<Location>().unwrap(), Location::Sqlite("/var/data/abserve.db".into()));
+    assert_eq!(
+        url_without_password("postgres://u:secret@h:5432/db").unwrap(),
+        "postgres://u@h:5432/db"
+    );
+    assert_eq!(
+        url_without_password("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(),
+        "amqp://guest@127.0.0.1:5672/%2f"
+    );
+    assert_eq!(
+        url_without_password("postgres://h/db").unwrap(),
+        "postgres://h/db"
+    );
+    assert_eq!(
+        "postgres://u:pw@h/db"
+            .parse::<Location>()
+            .unwrap()
+            .describe(),
+        "postgres://u@h/db"
+    );
+    assert_eq!(
+        "/var/data".parse::<Location>().unwrap(),
+        Location::Sqlite("/var/data/abserve.db".into())
+    );
     assert!("mysql://h/db".parse::<Location>().is_err());
 }

@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub fn model() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "default model missing: run scripts/setup.sh");
     p
 }
@@ -24,7 +25,8 @@ pub struct Server {
 /// One running server per test binary at a time. Each server runs llama.cpp with worker threads
 /// that spin while they wait; several servers on a 2-core CI machine starve each other so badly
 /// that a drain of 8 short streams took over a minute. Tests queue here instead.
-static GATE: (std::sync::Mutex<bool>, std::sync::Condvar) = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+static GATE: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
 
 struct Turn;
 
@@ -83,7 +85,10 @@ impl Server {
     /// Several servers running at once (replicas of one store), sharing one turn.
     pub fn start_replicas(extras: &[&[&str]]) -> Vec<Server> {
         let mut turn = Some(Turn::take());
-        extras.iter().map(|extra| Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, turn.take())).collect()
+        extras
+            .iter()
+            .map(|extra| Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, turn.take()))
+            .collect()
     }
 
     fn spawn(bin: &str, extra: &[&str], turn: Option<Turn>) -> Server {
@@ -160,8 +165,17 @@ impl Server {
                 panic!("server did not start: {}", log.lock().unwrap());
             }
         };
-        assert!(base.starts_with("http://127.0.0.1:"), "binds loopback: {base}");
-        Server { child: Some(child), base, data_dir, log, turn }
+        assert!(
+            base.starts_with("http://127.0.0.1:"),
+            "binds loopback: {base}"
+        );
+        Server {
+            child: Some(child),
+            base,
+            data_dir,
+            log,
+            turn,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

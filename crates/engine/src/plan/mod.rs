@@ -13,8 +13,8 @@ use crate::gguf::ModelShape;
 
 mod split;
 
-pub use split::{DevicePlan, Offload};
 use split::Split;
+pub use split::{DevicePlan, Offload};
 
 /// Granularity llama.cpp pads the context (KV cells) to.
 pub const KV_PAD: u64 = 256;
@@ -70,7 +70,10 @@ impl std::str::FromStr for Budget {
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
         if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p.trim().parse().map_err(|_| format!("bad percentage '{s}'"))?;
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad percentage '{s}'"))?;
             if !(v > 0.0 && v <= 100.0) {
                 return Err(format!("percentage '{s}' must be in (0, 100]"));
             }
@@ -86,7 +89,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().replace('_', "").parse().map_err(|_| format!("bad size '{s}'"))?;
+    let v: f64 = num
+        .trim()
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("bad size '{s}'"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -132,11 +139,14 @@ fn proc_kb(path: &str, key: &str) -> Option<u64> {
 /// Memory this process may use on a CPU: the smaller of the cgroup limit and MemAvailable.
 pub fn available_memory() -> u64 {
     let mem_available = proc_kb("/proc/meminfo", "MemAvailable:").unwrap_or(u64::MAX);
-    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .and_then(|s| s.trim().parse::<u64>().ok())
+    .unwrap_or(u64::MAX);
     mem_available.min(cgroup)
 }
 
@@ -144,7 +154,11 @@ pub fn available_memory() -> u64 {
 pub fn current_rss() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
         .map(|pages| pages * 4096)
         .unwrap_or(0)
 }
@@ -229,7 +243,11 @@ pub struct MemoryPlan {
 
 /// The margin as a whole percentage of the budget, for error messages.
 fn margin_pct(margin: u64, budget: u64) -> f64 {
-    if budget > 0 { (margin as f64 / budget as f64 * 100.0).round() } else { 0.0 }
+    if budget > 0 {
+        (margin as f64 / budget as f64 * 100.0).round()
+    } else {
+        0.0
+    }
 }
 
 /// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
@@ -237,7 +255,13 @@ fn margin_pct(margin: u64, budget: u64) -> f64 {
 /// activations; the attention scores (without flash attention a full n_batch × kv_cells × n_head
 /// f32 matrix, with it a small tiled scratch); the output buffer for one logits row per
 /// sequence; and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
-pub fn compute_estimate(shape: &ModelShape, n_batch: u64, seq_slots: u64, kv_cells: u64, flash_attention: bool) -> u64 {
+pub fn compute_estimate(
+    shape: &ModelShape,
+    n_batch: u64,
+    seq_slots: u64,
+    kv_cells: u64,
+    flash_attention: bool,
+) -> u64 {
     let logits_graph = n_batch * shape.n_vocab * 4;
     let ff = 4 * shape.n_embd; // typical FFN width; activations are a handful of these rows
     let activations = n_batch * (6 * shape.n_embd + 3 * ff) * 4;
@@ -273,8 +297,12 @@ pub struct DoesNotFit {
 impl MemoryPlan {
     pub fn new(req: &PlanRequest) -> MemoryPlan {
         let s = &req.shape;
-        let kv_bytes_per_token = req.kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
-            + req.kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v);
+        let kv_bytes_per_token = req
+            .kv_type
+            .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
+            + req
+                .kv_type
+                .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v);
         let budget_bytes = match req.budget {
             Budget::Bytes(b) => b,
             Budget::Fraction(f) => (req.memory_total as f64 * f) as u64,
@@ -284,31 +312,55 @@ impl MemoryPlan {
         let max_slots = req.max_sequences.clamp(1, 256);
         let context = req.context.max(1);
         // split streams: every slot owns pad256(context) cells (llama.cpp pads n_ctx_seq to 256)
-        let per_slot = if req.kv_unified { context } else { context.div_ceil(KV_PAD) * KV_PAD };
+        let per_slot = if req.kv_unified {
+            context
+        } else {
+            context.div_ceil(KV_PAD) * KV_PAD
+        };
         let cap = req.kv_cells_cap.unwrap_or(max_slots * per_slot);
-        let prefix_store_bytes = if req.kv_unified { 0 } else { req.prefix_store.unwrap_or(budget_bytes / 20) };
+        let prefix_store_bytes = if req.kv_unified {
+            0
+        } else {
+            req.prefix_store.unwrap_or(budget_bytes / 20)
+        };
         let split = Split::new(req, kv_bytes_per_token);
         let fit = split.cells_that_fit(req, usable_bytes, prefix_store_bytes, max_slots);
         let (kv_cells, seq_slots, kv_cells_per_slot, full_context_sequences) = if req.kv_unified {
             let kv_cells = (fit.min(cap) / KV_PAD) * KV_PAD;
-            (kv_cells, max_slots, kv_cells, (kv_cells / context).min(max_slots))
+            (
+                kv_cells,
+                max_slots,
+                kv_cells,
+                (kv_cells / context).min(max_slots),
+            )
         } else {
             let slots = (fit.min(cap) / per_slot).min(max_slots);
             (slots * per_slot, slots.max(1), per_slot, slots)
         };
-        let compute_bytes = compute_estimate(s, req.n_batch, seq_slots, kv_cells, req.flash_attention);
+        let compute_bytes =
+            compute_estimate(s, req.n_batch, seq_slots, kv_cells, req.flash_attention);
         let kv_bytes = kv_cells * kv_bytes_per_token;
         let device = split.device_plan(kv_cells, compute_bytes);
         // with layers on a device, the compute buffers that grow with the KV sit there; the host
         // keeps the fixed part (inputs, logits, outputs), counted in full to stay on the safe side
-        let host_compute = if device.is_some() { compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention) } else { compute_bytes };
-        let host_planned_bytes = split.host_weights + kv_cells * split.kv_host_per_token + host_compute + prefix_store_bytes;
+        let host_compute = if device.is_some() {
+            compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention)
+        } else {
+            compute_bytes
+        };
+        let host_planned_bytes = split.host_weights
+            + kv_cells * split.kv_host_per_token
+            + host_compute
+            + prefix_store_bytes;
         let min_copy = req.weights_bytes
             + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
             + per_slot * kv_bytes_per_token;
         // the naive harness's question, asked of the memory the model would live in
-        let copies_that_fit = device.as_ref().map_or(usable_bytes, |d| d.usable_bytes) / min_copy.max(1);
-        let device_fits = device.as_ref().is_none_or(|d| d.planned_bytes <= d.usable_bytes);
+        let copies_that_fit =
+            device.as_ref().map_or(usable_bytes, |d| d.usable_bytes) / min_copy.max(1);
+        let device_fits = device
+            .as_ref()
+            .is_none_or(|d| d.planned_bytes <= d.usable_bytes);
         MemoryPlan {
             weights_bytes: req.weights_bytes,
             kv_type: req.kv_type,
@@ -345,10 +397,19 @@ impl MemoryPlan {
             return Ok(());
         }
         if let Some(d) = &self.device {
-            let per_token = self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1);
+            let per_token =
+                self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1);
             let min_kv = self.context * per_token;
-            let compute = compute_estimate(&self.shape, self.n_batch, 1, self.context, self.flash_attention);
-            if d.weights_bytes + min_kv + compute <= d.usable_bytes && d.planned_bytes <= d.usable_bytes {
+            let compute = compute_estimate(
+                &self.shape,
+                self.n_batch,
+                1,
+                self.context,
+                self.flash_attention,
+            );
+            if d.weights_bytes + min_kv + compute <= d.usable_bytes
+                && d.planned_bytes <= d.usable_bytes
+            {
                 return Err(self.host_does_not_fit());
             }
             return Err(DoesNotFit {
@@ -376,10 +437,21 @@ impl MemoryPlan {
         let (weights, per_token, compute) = match &self.device {
             Some(d) => (
                 self.weights_bytes - d.weights_bytes,
-                self.kv_bytes_per_token - self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1),
-                compute_estimate(&self.shape, self.n_batch, self.seq_slots, 0, self.flash_attention),
+                self.kv_bytes_per_token
+                    - self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1),
+                compute_estimate(
+                    &self.shape,
+                    self.n_batch,
+                    self.seq_slots,
+                    0,
+                    self.flash_attention,
+                ),
             ),
-            None => (self.weights_bytes, self.kv_bytes_per_token, self.compute_bytes),
+            None => (
+                self.weights_bytes,
+                self.kv_bytes_per_token,
+                self.compute_bytes,
+            ),
         };
         let min_kv = self.context * per_token;
         DoesNotFit {
@@ -503,7 +575,10 @@ mod tests {
         assert_eq!(p.kv_bytes_per_token, 2 * 80 * 8 * 128 * 2);
         let mut r = req(1 << 30, 96 << 30);
         r.kv_type = KvType::Q8_0;
-        assert_eq!(MemoryPlan::new(&r).kv_bytes_per_token, 2 * 80 * 8 * 128 / 32 * 34);
+        assert_eq!(
+            MemoryPlan::new(&r).kv_bytes_per_token,
+            2 * 80 * 8 * 128 / 32 * 34
+        );
     }
 
     #[test]
@@ -548,14 +623,28 @@ mod tests {
     fn split_streams_give_every_slot_a_fixed_padded_stream() {
         let small = |budget: u64, context: u64, slots: u64| {
             let mut r = req(100 << 20, budget);
-            r.shape = ModelShape { n_layer: 30, n_head: 9, n_head_kv: 3, n_embd: 576, head_dim_k: 64, head_dim_v: 64, n_vocab: 49152, n_ctx_train: 8192 };
+            r.shape = ModelShape {
+                n_layer: 30,
+                n_head: 9,
+                n_head_kv: 3,
+                n_embd: 576,
+                head_dim_k: 64,
+                head_dim_v: 64,
+                n_vocab: 49152,
+                n_ctx_train: 8192,
+            };
             r.kv_unified = false;
             r.flash_attention = true;
             r.context = context;
             r.max_sequences = slots;
             MemoryPlan::new(&r)
         };
-        for (budget, context, slots) in [(1u64 << 30, 1000, 64), (512 << 20, 512, 8), (600 << 20, 2048, 256), (8 << 30, 300, 16)] {
+        for (budget, context, slots) in [
+            (1u64 << 30, 1000, 64),
+            (512 << 20, 512, 8),
+            (600 << 20, 2048, 256),
+            (8 << 30, 300, 16),
+        ] {
             let p = small(budget, context, slots);
             assert_eq!(p.kv_cells_per_slot, context.div_ceil(256) * 256);
             assert_eq!(p.kv_cells, p.seq_slots * p.kv_cells_per_slot, "{p:?}");

@@ -81,14 +81,38 @@ impl<'a> Split<'a> {
 
     /// The most KV cells both sides hold: the host (weights, prefix store, its KV share, and the
     /// compute buffers unless they are on the device) and the device (weights, KV, compute).
-    pub(super) fn cells_that_fit(&self, req: &PlanRequest, usable: u64, prefix_store: u64, slots: u64) -> u64 {
+    pub(super) fn cells_that_fit(
+        &self,
+        req: &PlanRequest,
+        usable: u64,
+        prefix_store: u64,
+        slots: u64,
+    ) -> u64 {
         let on_device = self.offload.is_some();
-        let host_fixed_compute = if on_device { compute_estimate(&req.shape, req.n_batch, slots, 0, req.flash_attention) } else { 0 };
-        let host = cells_within(req, usable, self.host_weights + prefix_store + host_fixed_compute, self.kv_host_per_token, !on_device, slots);
+        let host_fixed_compute = if on_device {
+            compute_estimate(&req.shape, req.n_batch, slots, 0, req.flash_attention)
+        } else {
+            0
+        };
+        let host = cells_within(
+            req,
+            usable,
+            self.host_weights + prefix_store + host_fixed_compute,
+            self.kv_host_per_token,
+            !on_device,
+            slots,
+        );
         if !on_device {
             return host;
         }
-        let device = cells_within(req, self.device_budget - self.device_margin, self.device_weights, self.kv_device_per_token, true, slots);
+        let device = cells_within(
+            req,
+            self.device_budget - self.device_margin,
+            self.device_weights,
+            self.kv_device_per_token,
+            true,
+            slots,
+        );
         host.min(device)
     }
 
@@ -116,12 +140,27 @@ impl<'a> Split<'a> {
 
 /// The most KV cells such that `fixed` + cells × `per_cell` (+ the compute buffers when
 /// `with_compute`, which grow with the cells) stays within `usable`.
-fn cells_within(req: &PlanRequest, usable: u64, fixed: u64, per_cell: u64, with_compute: bool, slots: u64) -> u64 {
-    let c = |cells| if with_compute { compute_estimate(&req.shape, req.n_batch, slots, cells, req.flash_attention) } else { 0 };
+fn cells_within(
+    req: &PlanRequest,
+    usable: u64,
+    fixed: u64,
+    per_cell: u64,
+    with_compute: bool,
+    slots: u64,
+) -> u64 {
+    let c = |cells| {
+        if with_compute {
+            compute_estimate(&req.shape, req.n_batch, slots, cells, req.flash_attention)
+        } else {
+            0
+        }
+    };
     let fixed_compute = c(0);
     let per_cell_compute = c(1) - fixed_compute;
     let room = usable.saturating_sub(fixed + fixed_compute);
-    let mut fit = room.checked_div(per_cell + per_cell_compute).unwrap_or(u64::MAX);
+    let mut fit = room
+        .checked_div(per_cell + per_cell_compute)
+        .unwrap_or(u64::MAX);
     if with_compute && req.flash_attention {
         // the flash-attention scratch stops growing at 4096 cells
         let room2 = usable.saturating_sub(fixed + c(4096));
@@ -129,4 +168,3 @@ fn cells_within(req: &PlanRequest, usable: u64, fixed: u64, per_cell: u64, with_
     }
     fit
 }
-

@@ -45,23 +45,37 @@ impl Scheduler {
             return Some(i);
         }
         let eligible: Vec<usize> = (0..self.waiting.len())
-            .filter(|&i| !deferred.contains(&self.waiting[i].id) && !self.over_quota(&self.waiting[i]))
+            .filter(|&i| {
+                !deferred.contains(&self.waiting[i].id) && !self.over_quota(&self.waiting[i])
+            })
             .collect();
         let oldest = eligible.iter().map(|&i| self.waiting[i].arrived).min()?;
-        let window: Vec<usize> =
-            eligible.into_iter().filter(|&i| self.waiting[i].arrived <= oldest + self.cfg.fair_window).collect();
+        let window: Vec<usize> = eligible
+            .into_iter()
+            .filter(|&i| self.waiting[i].arrived <= oldest + self.cfg.fair_window)
+            .collect();
         Some(window[self.rng.gen_range(0..window.len())])
     }
 
     /// Cells a group's running sequences hold or will fill.
     pub(super) fn group_demand(&self, group: &str) -> usize {
-        self.running.iter().filter(|r| r.seq.group.as_deref() == Some(group)).map(|r| r.cells.len() + r.pending()).sum()
+        self.running
+            .iter()
+            .filter(|r| r.seq.group.as_deref() == Some(group))
+            .map(|r| r.cells.len() + r.pending())
+            .sum()
     }
 
     /// Would admitting `s` take its group beyond its KV share? A group may always run one.
     fn over_quota(&self, s: &Seq) -> bool {
-        let (Some(share), Some(group)) = (s.kv_share, s.group.as_deref()) else { return false };
-        if !self.running.iter().any(|r| r.seq.group.as_deref() == Some(group)) {
+        let (Some(share), Some(group)) = (s.kv_share, s.group.as_deref()) else {
+            return false;
+        };
+        if !self
+            .running
+            .iter()
+            .any(|r| r.seq.group.as_deref() == Some(group))
+        {
             return false;
         }
         self.group_demand(group) + s.tokens.len() > self.quota_cells(share)
@@ -86,12 +100,32 @@ impl Scheduler {
         };
         // holders in tie-break order (a later one must be strictly longer to win); a running
         // holder is ready once it has computed the common positions
-        let cached = self.cache.iter().filter(|_| use_cache).map(|c| (Source::Cached { id: c.id }, &c.tokens, None));
-        let stored = self.store.entries.iter().filter(|_| use_cache).map(|e| (Source::Stored { id: e.id }, &e.tokens, None));
-        let running = self.running.iter().map(|r| (Source::Running { id: r.seq.id, ready: false }, &r.seq.tokens, Some(r.n_past)));
+        let cached = self
+            .cache
+            .iter()
+            .filter(|_| use_cache)
+            .map(|c| (Source::Cached { id: c.id }, &c.tokens, None));
+        let stored = self
+            .store
+            .entries
+            .iter()
+            .filter(|_| use_cache)
+            .map(|e| (Source::Stored { id: e.id }, &e.tokens, None));
+        let running = self.running.iter().map(|r| {
+            (
+                Source::Running {
+                    id: r.seq.id,
+                    ready: false,
+                },
+                &r.seq.tokens,
+                Some(r.n_past),
+            )
+        });
         let mut best: Option<(Source, usize)> = None;
         for (mut source, held, n_past) in cached.chain(stored).chain(running) {
-            let Some(l) = usable(common_prefix(held, tokens)) else { continue };
+            let Some(l) = usable(common_prefix(held, tokens)) else {
+                continue;
+            };
             if best.is_some_and(|(_, b)| l <= b) {
                 continue;
             }
@@ -113,7 +147,9 @@ impl Scheduler {
                 break;
             }
             // None: every waiting request is deferred or belongs to a group at its KV quota
-            let Some(i) = self.next_candidate(&deferred) else { break };
+            let Some(i) = self.next_candidate(&deferred) else {
+                break;
+            };
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
                 // a preempted sequence may take back what it computed before from anywhere
@@ -154,18 +190,25 @@ impl Scheduler {
                 }
             }
             let s = self.waiting.swap_remove(i);
-            let Some(mut a) = self.place(be, s, source) else { break };
+            let Some(mut a) = self.place(be, s, source) else {
+                break;
+            };
             if a.seq.admitted.is_none() {
                 let now = Instant::now();
                 a.seq.admitted = Some(now);
                 self.admissions += 1;
                 a.seq.shared_prompt_tokens = a.n_past.min(a.seq.n_prompt);
                 EngineStats::add(&self.stats.shared_prompt_tokens, a.seq.shared_prompt_tokens);
-                let _ = a.seq.tx.send(Event::Admitted { queue_time: now - a.seq.arrived, order: self.admissions });
+                let _ = a.seq.tx.send(Event::Admitted {
+                    queue_time: now - a.seq.arrived,
+                    order: self.admissions,
+                });
             }
             self.running.push(a);
         }
-        self.stats.itl_held.store(itl_held as u64, Ordering::Relaxed);
+        self.stats
+            .itl_held
+            .store(itl_held as u64, Ordering::Relaxed);
     }
 
     /// Gives `s` a slot and the KV of its reusable prefix. A cached slot is taken in place (cut
@@ -173,26 +216,45 @@ impl Scheduler {
     /// otherwise the slot from [`Self::take_slot`] receives the prefix: restored from the store,
     /// or copied from the cached or running holder. `None` (with `s` back in the queue) when no
     /// slot can be had.
-    fn place<C: Compute>(&mut self, be: &mut C, s: Seq, source: Option<(Source, usize)>) -> Option<Active> {
+    fn place<C: Compute>(
+        &mut self,
+        be: &mut C,
+        s: Seq,
+        source: Option<(Source, usize)>,
+    ) -> Option<Active> {
         let cached = match source {
             Some((Source::Cached { id }, len)) => Some((id, len)),
             _ => None,
         };
         let mut slot = None;
         if let Some((id, len)) = cached {
-            let in_place = self.cache.iter().find(|c| c.id == id).map(|c| c.slot).expect("source found in this admission");
+            let in_place = self
+                .cache
+                .iter()
+                .find(|c| c.id == id)
+                .map(|c| c.slot)
+                .expect("source found in this admission");
             if !self.cfg.is_unified() && !self.joins_a_run(in_place) {
                 slot = self.take_slot(be, Some(id));
             }
             if slot.is_none() {
                 // take_slot may have reordered the cache; `keep` left this entry in it
-                let k = self.cache.iter().position(|c| c.id == id).expect("kept by take_slot");
+                let k = self
+                    .cache
+                    .iter()
+                    .position(|c| c.id == id)
+                    .expect("kept by take_slot");
                 let c = self.cache.swap_remove(k);
                 be.truncate_seq(c.slot, len);
                 self.cells.release(&c.cells[len..]);
                 let mut cells = c.cells;
                 cells.truncate(len);
-                return Some(Active { seq: s, slot: c.slot, n_past: len, cells });
+                return Some(Active {
+                    seq: s,
+                    slot: c.slot,
+                    n_past: len,
+                    cells,
+                });
             }
         }
         let slot = match slot.or_else(|| self.take_slot(be, None)) {
@@ -203,30 +265,58 @@ impl Scheduler {
             }
         };
         let Some((source, len)) = source else {
-            return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
+            return Some(Active {
+                seq: s,
+                slot,
+                n_past: 0,
+                cells: Vec::new(),
+            });
         };
         self.clock += 1;
         let donor = match source {
             Source::Stored { id } => {
-                let e = self.store.entries.iter_mut().find(|e| e.id == id).expect("source found in this admission");
+                let e = self
+                    .store
+                    .entries
+                    .iter_mut()
+                    .find(|e| e.id == id)
+                    .expect("source found in this admission");
                 e.last_used = self.clock;
                 if be.restore_seq(&e.snap, slot) {
                     be.truncate_seq(slot, len);
                     self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
-                    return Some(Active { seq: s, slot, n_past: len, cells: self.cells.alloc_n(len) });
+                    return Some(Active {
+                        seq: s,
+                        slot,
+                        n_past: len,
+                        cells: self.cells.alloc_n(len),
+                    });
                 }
                 be.remove_seq(slot);
-                return Some(Active { seq: s, slot, n_past: 0, cells: Vec::new() });
+                return Some(Active {
+                    seq: s,
+                    slot,
+                    n_past: 0,
+                    cells: Vec::new(),
+                });
             }
             Source::Cached { id } => {
-                let c = self.cache.iter_mut().find(|c| c.id == id).expect("source found in this admission");
+                let c = self
+                    .cache
+                    .iter_mut()
+                    .find(|c| c.id == id)
+                    .expect("source found in this admission");
                 c.last_used = self.clock;
                 // the copy lands at the next decode: nothing may be restored into c.slot before
                 self.pinned.push(c.slot);
                 (c.slot, None)
             }
             Source::Running { id, .. } => {
-                let r = self.running.iter().find(|r| r.seq.id == id).expect("source found in this admission");
+                let r = self
+                    .running
+                    .iter()
+                    .find(|r| r.seq.id == id)
+                    .expect("source found in this admission");
                 (r.slot, Some(r.cells[..len].to_vec()))
             }
         };
@@ -241,7 +331,12 @@ impl Scheduler {
                 self.cells.alloc_n(len)
             }
         };
-        Some(Active { seq: s, slot, n_past: len, cells })
+        Some(Active {
+            seq: s,
+            slot,
+            n_past: len,
+            cells,
+        })
     }
 
     /// Would a sequence in `slot` decode in a micro-batch with running ones? llama.cpp's split
@@ -266,7 +361,11 @@ impl Scheduler {
                     && (self.store.enabled() || self.held_elsewhere(i))
             });
             let cached: Vec<(i32, usize)> = droppable.map(|i| (self.cache[i].slot, i)).collect();
-            let candidates = self.slots.iter().map(|s| (s, None)).chain(cached.into_iter().map(|(s, i)| (s, Some(i))));
+            let candidates = self
+                .slots
+                .iter()
+                .map(|s| (s, None))
+                .chain(cached.into_iter().map(|(s, i)| (s, Some(i))));
             let best = candidates.min_by_key(|&(slot, _)| (!self.next_to_running(slot), slot));
             if let Some((slot, entry)) = best {
                 if let Some(i) = entry {
@@ -295,6 +394,10 @@ impl Scheduler {
     /// running sequence (so dropping this copy loses nothing)?
     fn held_elsewhere(&self, i: usize) -> bool {
         let c = &self.cache[i];
-        self.store.entries.iter().any(|e| e.tokens.starts_with(&c.tokens)) || self.unique_positions(i) == 0
+        self.store
+            .entries
+            .iter()
+            .any(|e| e.tokens.starts_with(&c.tokens))
+            || self.unique_positions(i) == 0
     }
 }

@@ -35,7 +35,11 @@ impl Scheduler {
                     continue;
                 }
                 let n = a.pending().min(cap);
-                plan.push(Planned { idx, n, logits: None });
+                plan.push(Planned {
+                    idx,
+                    n,
+                    logits: None,
+                });
                 cap -= n;
             }
         }
@@ -54,7 +58,12 @@ impl Scheduler {
         plan
     }
 
-    pub(super) fn fail_batch<C: Compute>(&mut self, be: &mut C, plan: &[Planned], err: GenerationError) {
+    pub(super) fn fail_batch<C: Compute>(
+        &mut self,
+        be: &mut C,
+        plan: &[Planned],
+        err: GenerationError,
+    ) {
         let mut idx: Vec<usize> = plan.iter().map(|p| p.idx).collect();
         idx.sort_unstable();
         for &i in idx.iter().rev() {
@@ -77,7 +86,10 @@ impl Scheduler {
             a.n_past += p.n;
             let Some(bi) = p.logits else { continue };
             let s = &mut a.seq;
-            let recent_start = s.tokens.len().saturating_sub(crate::sampler::PENALTY_LAST_N);
+            let recent_start = s
+                .tokens
+                .len()
+                .saturating_sub(crate::sampler::PENALTY_LAST_N);
             let (tok, logprob) = s.sampler.sample(be.logits(bi), &s.tokens[recent_start..]);
             s.sampler.accept(tok);
             s.tokens.push(tok);
@@ -87,10 +99,18 @@ impl Scheduler {
             let mut finish = None;
             if eog {
                 finish = Some(FinishReason::Stop);
-                let _ = s.tx.send(Event::Token { token: tok, text: String::new(), logprob });
+                let _ = s.tx.send(Event::Token {
+                    token: tok,
+                    text: String::new(),
+                    logprob,
+                });
             } else {
                 let push = s.text.push(&be.piece(tok));
-                let _ = s.tx.send(Event::Token { token: tok, text: push.text, logprob });
+                let _ = s.tx.send(Event::Token {
+                    token: tok,
+                    text: push.text,
+                    logprob,
+                });
                 if push.stopped {
                     finish = Some(FinishReason::Stop);
                 }
@@ -105,7 +125,11 @@ impl Scheduler {
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for &(i, reason) in &finished {
             let a = self.running.remove(i);
-            let mut s = if self.caching() { self.keep_prefix(be, a) } else { self.release(be, a) };
+            let mut s = if self.caching() {
+                self.keep_prefix(be, a)
+            } else {
+                self.release(be, a)
+            };
             let now = Instant::now();
             let admitted = s.admitted.unwrap_or(s.arrived);
             let done = Completion {

@@ -34,7 +34,12 @@ impl StepModel {
 
     /// Least-squares line through the per-count averages; None with fewer than two counts.
     fn line(&self) -> Option<(f64, f64)> {
-        let pts: Vec<(f64, f64)> = self.ema.iter().enumerate().filter_map(|(n, e)| e.map(|t| (n as f64, t))).collect();
+        let pts: Vec<(f64, f64)> = self
+            .ema
+            .iter()
+            .enumerate()
+            .filter_map(|(n, e)| e.map(|t| (n as f64, t)))
+            .collect();
         if pts.len() < 2 {
             return None;
         }
@@ -59,7 +64,9 @@ impl StepModel {
         if n == 0 {
             return true;
         }
-        let (Some(now), Some(next)) = (self.predict(n), self.predict(n + 1)) else { return true };
+        let (Some(now), Some(next)) = (self.predict(n), self.predict(n + 1)) else {
+            return true;
+        };
         if next <= target.as_secs_f64() {
             return true;
         }
@@ -83,14 +90,26 @@ mod tests {
                 m.observe(n, Duration::from_secs_f64(0.004 + 0.006 * n as f64));
             }
         }
-        assert!(m.allows_one_more(1, ms(60)), "2 sequences: 16 ms, under the target");
-        assert!(m.allows_one_more(8, ms(60)), "9 sequences: 58 ms, under the target");
-        assert!(!m.allows_one_more(9, ms(60)), "10 sequences: 64 ms and only 1% more tokens/s");
+        assert!(
+            m.allows_one_more(1, ms(60)),
+            "2 sequences: 16 ms, under the target"
+        );
+        assert!(
+            m.allows_one_more(8, ms(60)),
+            "9 sequences: 58 ms, under the target"
+        );
+        assert!(
+            !m.allows_one_more(9, ms(60)),
+            "10 sequences: 64 ms and only 1% more tokens/s"
+        );
         // a step dominated by a fixed cost: one more sequence is nearly free throughput
         let mut g = StepModel::default();
         for n in [1usize, 2, 4] {
             g.observe(n, Duration::from_secs_f64(0.080 + 0.001 * n as f64));
         }
-        assert!(g.allows_one_more(4, ms(60)), "over the target but +24% tokens/s");
+        assert!(
+            g.allows_one_more(4, ms(60)),
+            "over the target but +24% tokens/s"
+        );
     }
 }

@@ -63,7 +63,9 @@ pub(super) struct SlotPool {
 
 impl SlotPool {
     pub fn new(n: usize) -> Self {
-        SlotPool { free: (0..n as i32).collect() }
+        SlotPool {
+            free: (0..n as i32).collect(),
+        }
     }
     pub fn take_lowest(&mut self) -> Option<i32> {
         self.free.pop_first()
@@ -121,14 +123,22 @@ pub(super) struct PrefixStore {
 
 impl PrefixStore {
     pub fn new(cap: usize) -> Self {
-        PrefixStore { entries: Vec::new(), bytes: 0, cap }
+        PrefixStore {
+            entries: Vec::new(),
+            bytes: 0,
+            cap,
+        }
     }
     pub fn enabled(&self) -> bool {
         self.cap > 0
     }
     /// Longest common prefix any entry has with `tokens`.
     pub fn best_common(&self, tokens: &[i32]) -> usize {
-        self.entries.iter().map(|e| common_prefix(&e.tokens, tokens)).max().unwrap_or(0)
+        self.entries
+            .iter()
+            .map(|e| common_prefix(&e.tokens, tokens))
+            .max()
+            .unwrap_or(0)
     }
     /// Adds an entry, dropping entries it extends and then the least recently used until it
     /// fits. An entry larger than the whole store is not kept.
@@ -139,7 +149,9 @@ impl PrefixStore {
         self.entries.retain(|o| !e.tokens.starts_with(&o.tokens));
         self.bytes = self.entries.iter().map(|o| o.bytes).sum();
         while self.bytes + e.bytes > self.cap {
-            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { break };
+            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else {
+                break;
+            };
             self.bytes -= self.entries.swap_remove(i).bytes;
         }
         self.bytes += e.bytes;

@@ -104,7 +104,10 @@ impl SchedulerConfig {
     #[cfg(test)]
     /// `seq_slots` streams of `cells_per_slot` cells each.
     pub fn split(seq_slots: usize, cells_per_slot: usize, context: usize) -> Self {
-        SchedulerConfig { cells_per_slot: Some(cells_per_slot), ..Self::new(seq_slots * cells_per_slot, seq_slots, context) }
+        SchedulerConfig {
+            cells_per_slot: Some(cells_per_slot),
+            ..Self::new(seq_slots * cells_per_slot, seq_slots, context)
+        }
     }
 
     pub fn is_unified(&self) -> bool {
@@ -141,8 +144,14 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, stats: Arc<EngineStats>) -> Self {
-        stats.kv_cells_total.store(cfg.kv_cells as u64, Ordering::Relaxed);
-        let store = PrefixStore::new(if cfg.is_unified() { 0 } else { cfg.prefix_store_bytes });
+        stats
+            .kv_cells_total
+            .store(cfg.kv_cells as u64, Ordering::Relaxed);
+        let store = PrefixStore::new(if cfg.is_unified() {
+            0
+        } else {
+            cfg.prefix_store_bytes
+        });
         Scheduler {
             store,
             slots: SlotPool::new(cfg.seq_slots),
@@ -178,7 +187,11 @@ impl Scheduler {
 
     /// Cells held by running sequences (cached prefixes excluded: they give way on demand).
     pub fn active_cells(&self) -> usize {
-        let active: std::collections::HashSet<u32> = self.running.iter().flat_map(|s| s.cells.iter().copied()).collect();
+        let active: std::collections::HashSet<u32> = self
+            .running
+            .iter()
+            .flat_map(|s| s.cells.iter().copied())
+            .collect();
         active.len()
     }
 
@@ -254,10 +267,16 @@ impl Scheduler {
         }
         let used = self.active_cells() as u64;
         self.stats.kv_cells_used.store(used, Ordering::Relaxed);
-        self.stats.kv_cells_cached.store(self.cells.used() as u64 - used, Ordering::Relaxed);
+        self.stats
+            .kv_cells_cached
+            .store(self.cells.used() as u64 - used, Ordering::Relaxed);
         self.stats.kv_cells_peak.fetch_max(used, Ordering::Relaxed);
-        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
-        self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
+        self.stats
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats
+            .waiting
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
     }
 
     /// One iteration. Returns false when there was nothing to run.
@@ -312,18 +331,21 @@ impl Scheduler {
         let decode_only = plan.iter().all(|p| p.n == 1);
         let t_decode = t0.elapsed();
         // the step log's figures cost a sort per step: only when it is on
-        let runs = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG).then(|| {
-            let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
-            slots.sort_unstable();
-            slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
-        });
+        let runs =
+            tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG).then(|| {
+                let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
+                slots.sort_unstable();
+                slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
+            });
         self.after_decode(be, &plan);
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
         if decode_only {
             self.steps.observe(plan.len(), dt);
         }
-        self.stats.last_step_micros.store(dt.as_micros() as u64, Ordering::Relaxed);
+        self.stats
+            .last_step_micros
+            .store(dt.as_micros() as u64, Ordering::Relaxed);
         if let Some(runs) = runs {
             tracing::debug!(
                 target: "abserve_engine::step",
@@ -359,7 +381,9 @@ impl Scheduler {
         }
         if cancelled > 0 {
             EngineStats::add(&self.stats.cancellations, cancelled);
-            self.stats.inflight.fetch_sub(cancelled as u64, Ordering::Relaxed);
+            self.stats
+                .inflight
+                .fetch_sub(cancelled as u64, Ordering::Relaxed);
         }
     }
 
@@ -378,22 +402,46 @@ impl Scheduler {
         }
         let tokens = a.seq.tokens[..a.n_past].to_vec();
         // an older entry that this one extends is redundant
-        while let Some(i) = self.cache.iter().position(|c| tokens.starts_with(&c.tokens)) {
+        while let Some(i) = self
+            .cache
+            .iter()
+            .position(|c| tokens.starts_with(&c.tokens))
+        {
             let c = self.cache.swap_remove(i);
             self.drop_cached(be, c);
         }
         self.clock += 1;
         // the store keeps a copy unless it already holds what this sequence reused and at least
         // half its prompt (later requests of a variant do not store its system prompt again)
-        let covered = a.seq.shared_prompt_tokens.max(a.seq.n_prompt / 2).max(self.cfg.min_shared_prefix);
+        let covered = a
+            .seq
+            .shared_prompt_tokens
+            .max(a.seq.n_prompt / 2)
+            .max(self.cfg.min_shared_prefix);
         if self.store.enabled() && self.store.best_common(&tokens) < covered {
             if let Some((snap, bytes)) = be.save_seq(a.slot) {
-                self.store.insert(Stored { id: a.seq.id, tokens: tokens.clone(), snap, bytes, last_used: self.clock });
-                self.stats.prefix_store_bytes.store(self.store.bytes as u64, Ordering::Relaxed);
-                self.stats.prefix_store_entries.store(self.store.entries.len() as u64, Ordering::Relaxed);
+                self.store.insert(Stored {
+                    id: a.seq.id,
+                    tokens: tokens.clone(),
+                    snap,
+                    bytes,
+                    last_used: self.clock,
+                });
+                self.stats
+                    .prefix_store_bytes
+                    .store(self.store.bytes as u64, Ordering::Relaxed);
+                self.stats
+                    .prefix_store_entries
+                    .store(self.store.entries.len() as u64, Ordering::Relaxed);
             }
         }
-        self.cache.push(Cached { id: a.seq.id, slot: a.slot, tokens, cells: a.cells, last_used: self.clock });
+        self.cache.push(Cached {
+            id: a.seq.id,
+            slot: a.slot,
+            tokens,
+            cells: a.cells,
+            last_used: self.clock,
+        });
         a.seq
     }
 
@@ -415,8 +463,12 @@ impl Scheduler {
             .map(|(_, o)| kv::common_prefix(&o.tokens, &c.tokens))
             .max()
             .unwrap_or(0);
-        let shared_running =
-            self.running.iter().map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens)).max().unwrap_or(0);
+        let shared_running = self
+            .running
+            .iter()
+            .map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens))
+            .max()
+            .unwrap_or(0);
         c.tokens.len() - shared_cached.max(shared_running)
     }
 
@@ -427,7 +479,9 @@ impl Scheduler {
     /// other holder has it (a radix cache evicting leaves before shared inner nodes).
     fn evict_lru<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> bool {
         let victim = (0..self.cache.len())
-            .filter(|&i| Some(self.cache[i].id) != keep && !self.pinned.contains(&self.cache[i].slot))
+            .filter(|&i| {
+                Some(self.cache[i].id) != keep && !self.pinned.contains(&self.cache[i].slot)
+            })
             .min_by_key(|&i| (self.unique_positions(i), self.cache[i].last_used));
         match victim {
             Some(i) => {
@@ -465,8 +519,14 @@ impl Scheduler {
         }
         loop {
             let over = self.running.iter().rposition(|a| {
-                let (Some(share), Some(g)) = (a.seq.kv_share, a.seq.group.as_deref()) else { return false };
-                let members = self.running.iter().filter(|r| r.seq.group.as_deref() == Some(g)).count();
+                let (Some(share), Some(g)) = (a.seq.kv_share, a.seq.group.as_deref()) else {
+                    return false;
+                };
+                let members = self
+                    .running
+                    .iter()
+                    .filter(|r| r.seq.group.as_deref() == Some(g))
+                    .count();
                 members > 1 && self.group_demand(g) > self.quota_cells(share)
             });
             match over {
@@ -478,7 +538,11 @@ impl Scheduler {
 
     fn preempt_newest<C: Compute>(&mut self, be: &mut C) {
         // never preempt a readiness probe while anything else can go
-        let idx = self.running.iter().rposition(|a| !a.seq.priority).unwrap_or(self.running.len() - 1);
+        let idx = self
+            .running
+            .iter()
+            .rposition(|a| !a.seq.priority)
+            .unwrap_or(self.running.len() - 1);
         self.preempt_at(be, idx);
     }
 
@@ -487,7 +551,11 @@ impl Scheduler {
         let mut s = self.release(be, a);
         s.preemptions += 1;
         self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(seq = s.id, tokens = s.tokens.len(), "preempted; will recompute");
+        tracing::debug!(
+            seq = s.id,
+            tokens = s.tokens.len(),
+            "preempted; will recompute"
+        );
         self.waiting.push(s);
     }
 

@@ -75,13 +75,19 @@ impl EngineStats {
 
     /// Cells held per group (experiment) now and at peak, sorted by name.
     pub fn groups(&self) -> Vec<(String, u64, u64)> {
-        let mut v: Vec<_> = self.lock_groups().iter().map(|(k, &(now, peak))| (k.clone(), now, peak)).collect();
+        let mut v: Vec<_> = self
+            .lock_groups()
+            .iter()
+            .map(|(k, &(now, peak))| (k.clone(), now, peak))
+            .collect();
         v.sort();
         v
     }
 
     pub(crate) fn lock_groups(&self) -> MutexGuard<'_, HashMap<String, (u64, u64)>> {
-        self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.groups
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn add(counter: &AtomicU64, n: usize) {

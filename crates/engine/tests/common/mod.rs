@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use abserve_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
 use abserve_engine::plan::Budget;
+use abserve_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The default model, fetched by scripts/setup.sh into the ignored models/ folder.
@@ -12,8 +12,13 @@ pub fn model_path() -> PathBuf {
     if let Ok(p) = std::env::var("ABSERVE_TEST_MODEL") {
         return p.into();
     }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "default model missing at {}: run scripts/setup.sh first", p.display());
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "default model missing at {}: run scripts/setup.sh first",
+        p.display()
+    );
     p
 }
 
@@ -37,13 +42,29 @@ pub struct Output {
 /// The engine's own collector, plus the top-2 gaps the agreement tests need.
 pub fn collect(rx: UnboundedReceiver<Event>) -> Result<Output, String> {
     let o = abserve_engine::collect_blocking(rx).map_err(|e| e.to_string())?;
-    let gaps = o.logprobs.iter().filter(|l| l.top.len() >= 2).map(|l| l.top[0].1 - l.top[1].1).collect();
-    Ok(Output { tokens: o.tokens, text: o.text, done: o.completion, gaps })
+    let gaps = o
+        .logprobs
+        .iter()
+        .filter(|l| l.top.len() >= 2)
+        .map(|l| l.top[0].1 - l.top[1].1)
+        .collect();
+    Ok(Output {
+        tokens: o.tokens,
+        text: o.text,
+        done: o.completion,
+        gaps,
+    })
 }
 
 pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedReceiver<Event> {
     engine
-        .submit(Request { prompt: prompt.to_vec(), params: SamplingParams::greedy(max_tokens), group: None, priority: false, kv_share: None })
+        .submit(Request {
+            prompt: prompt.to_vec(),
+            params: SamplingParams::greedy(max_tokens),
+            group: None,
+            priority: false,
+            kv_share: None,
+        })
         .expect("submit")
 }
 
@@ -53,10 +74,22 @@ pub fn run_all(engine: &Engine, prompts: &[Vec<i32>], params: &SamplingParams) -
         .iter()
         .map(|p| {
             engine
-                .submit(Request { prompt: p.clone(), params: params.clone(), group: None, priority: false, kv_share: None })
+                .submit(Request {
+                    prompt: p.clone(),
+                    params: params.clone(),
+                    group: None,
+                    priority: false,
+                    kv_share: None,
+                })
                 .expect("submit")
         })
         .collect();
-    let handles: Vec<_> = rxs.into_iter().map(|rx| std::thread::spawn(move || collect(rx))).collect();
-    handles.into_iter().map(|h| h.join().unwrap().expect("request completes")).collect()
+    let handles: Vec<_> = rxs
+        .into_iter()
+        .map(|rx| std::thread::spawn(move || collect(rx)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap().expect("request completes"))
+        .collect()
 }

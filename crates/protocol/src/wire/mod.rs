@@ -4,8 +4,12 @@
 mod request;
 mod response;
 
-pub use request::{ChatRequest, Common, CompletionRequest, Content, ContentPart, Message, Prompt, Stop, StreamOptions};
+pub use request::{
+    ChatRequest, Common, CompletionRequest, Content, ContentPart, Message, Prompt, Stop,
+    StreamOptions,
+};
 pub use response::{
-    ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs, Model, ModelList, PromptTokensDetails,
-    Response, ResponseMessage, Routing, TextLogprobs, TokenLogprob, TopLogprob, Usage,
+    ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs, Model,
+    ModelList, PromptTokensDetails, Response, ResponseMessage, Routing, TextLogprobs, TokenLogprob,
+    TopLogprob, Usage,
 };

@@ -65,7 +65,10 @@ pub struct Message {
 impl Message {
     /// A message with text content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: Some(Content::Text(content.into())) }
+        Message {
+            role: role.into(),
+            content: Some(Content::Text(content.into())),
+        }
     }
 }
 
@@ -130,7 +133,9 @@ pub struct Common {
 impl Common {
     /// Whether the streamed answer ends with a usage chunk.
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 }
 
@@ -181,12 +186,20 @@ mod tests {
     #[test]
     fn a_written_request_carries_only_what_was_set_and_reads_back_equal() {
         let r = ChatRequest {
-            common: Common { model: Some("m".into()), max_tokens: Some(8), seed: Some(3), ..Default::default() },
+            common: Common {
+                model: Some("m".into()),
+                max_tokens: Some(8),
+                seed: Some(3),
+                ..Default::default()
+            },
             messages: vec![Message::new("user", "hi")],
             ..Default::default()
         };
         let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v, serde_json::json!({"model": "m", "max_tokens": 8, "seed": 3, "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(
+            v,
+            serde_json::json!({"model": "m", "max_tokens": 8, "seed": 3, "messages": [{"role": "user", "content": "hi"}]})
+        );
         assert_eq!(serde_json::from_value::<ChatRequest>(v).unwrap(), r);
     }
 
@@ -201,7 +214,8 @@ mod tests {
         assert!(r.common.include_usage());
         assert_eq!(r.common.metadata.unwrap()["team"], "t");
         assert_eq!(r.messages[1].content, None);
-        let c: CompletionRequest = serde_json::from_str(r#"{"prompt":[[1,2],[3]],"max_tokens":2}"#).unwrap();
+        let c: CompletionRequest =
+            serde_json::from_str(r#"{"prompt":[[1,2],[3]],"max_tokens":2}"#).unwrap();
         assert_eq!(c.prompt, Prompt::TokenLists(vec![vec![1, 2], vec![3]]));
         let c: CompletionRequest = serde_json::from_str(r#"{"prompt":[1,2]}"#).unwrap();
         assert_eq!(c.prompt, Prompt::Tokens(vec![1, 2]));

@@ -31,7 +31,12 @@ pub struct Usage {
 
 impl Usage {
     pub fn new(prompt_tokens: u64, completion_tokens: u64) -> Usage {
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, prompt_tokens_details: None }
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
+        }
     }
 }
 
@@ -107,7 +112,10 @@ pub struct ChunkChoice {
 impl ChunkChoice {
     /// The text this chunk adds, chat or completions alike.
     pub fn content(&self) -> Option<&str> {
-        self.delta.as_ref().and_then(|d| d.content.as_deref()).or(self.text.as_deref())
+        self.delta
+            .as_ref()
+            .and_then(|d| d.content.as_deref())
+            .or(self.text.as_deref())
     }
 }
 
@@ -159,7 +167,10 @@ pub struct Choice {
 
 impl Choice {
     pub fn content(&self) -> Option<&str> {
-        self.message.as_ref().and_then(|m| m.content.as_deref()).or(self.text.as_deref())
+        self.message
+            .as_ref()
+            .and_then(|m| m.content.as_deref())
+            .or(self.text.as_deref())
     }
 }
 
@@ -249,9 +260,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.choices[0].content(), Some("Hi"));
-        let t: Chunk = serde_json::from_str(r#"{"choices":[{"index":0,"text":"yo","finish_reason":"length"}]}"#).unwrap();
-        assert_eq!((t.choices[0].content(), t.choices[0].finish_reason.as_deref()), (Some("yo"), Some("length")));
-        let u: Chunk = serde_json::from_str(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#).unwrap();
+        let t: Chunk = serde_json::from_str(
+            r#"{"choices":[{"index":0,"text":"yo","finish_reason":"length"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                t.choices[0].content(),
+                t.choices[0].finish_reason.as_deref()
+            ),
+            (Some("yo"), Some("length"))
+        );
+        let u: Chunk = serde_json::from_str(
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#,
+        )
+        .unwrap();
         assert_eq!(u.usage.unwrap().completion_tokens, 4);
         let e: Chunk = serde_json::from_str(r#"{"error":{"message":"out of memory","type":"server_error","param":null,"code":null}}"#).unwrap();
         assert_eq!(e.error.unwrap().message, "out of memory");
@@ -259,12 +282,22 @@ mod tests {
 
     #[test]
     fn written_choices_have_openais_nulls_and_only_their_endpoints_fields() {
-        let chat = ChunkChoice { delta: Some(Delta { content: Some("a".into()), role: None }), ..Default::default() };
+        let chat = ChunkChoice {
+            delta: Some(Delta {
+                content: Some("a".into()),
+                role: None,
+            }),
+            ..Default::default()
+        };
         assert_eq!(
             serde_json::to_value(&chat).unwrap(),
             serde_json::json!({"index": 0, "delta": {"content": "a"}, "logprobs": null, "finish_reason": null})
         );
-        let text = Choice { text: Some("b".into()), finish_reason: Some("stop".into()), ..Default::default() };
+        let text = Choice {
+            text: Some("b".into()),
+            finish_reason: Some("stop".into()),
+            ..Default::default()
+        };
         assert_eq!(
             serde_json::to_value(&text).unwrap(),
             serde_json::json!({"index": 0, "text": "b", "logprobs": null, "finish_reason": "stop"})

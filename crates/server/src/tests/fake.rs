@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use abserve_engine::gguf::ModelShape;
 use abserve_engine::device::{Device, FakeDevice};
+use abserve_engine::gguf::ModelShape;
 use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
 use abserve_engine::{
-    ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request, StatsSnapshot, SubmitError, TokenLogprob,
+    ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request,
+    StatsSnapshot, SubmitError, TokenLogprob,
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -44,7 +45,16 @@ pub struct Control {
 impl Fake {
     /// With every layer offloaded to `device` (its memory then decides `/ready`).
     pub fn with_device(ctl: Arc<Control>, device: Option<Arc<FakeDevice>>) -> Fake {
-        let shape = ModelShape { n_layer: 2, n_head: 2, n_head_kv: 2, n_embd: 64, head_dim_k: 32, head_dim_v: 32, n_vocab: 256, n_ctx_train: 4096 };
+        let shape = ModelShape {
+            n_layer: 2,
+            n_head: 2,
+            n_head_kv: 2,
+            n_embd: 64,
+            head_dim_k: 32,
+            head_dim_v: 32,
+            n_vocab: 256,
+            n_ctx_train: 4096,
+        };
         let plan = MemoryPlan::new(&PlanRequest {
             weights_bytes: 1 << 20,
             shape,
@@ -59,7 +69,12 @@ impl Fake {
             flash_attention: false,
             kv_unified: false,
             prefix_store: Some(0),
-            offload: device.as_ref().map(|d| Offload { device: d.memory(), budget: Budget::Bytes(DEVICE_BUDGET), layers: 2, weights_bytes: 1 << 20 }),
+            offload: device.as_ref().map(|d| Offload {
+                device: d.memory(),
+                budget: Budget::Bytes(DEVICE_BUDGET),
+                layers: 2,
+                weights_bytes: 1 << 20,
+            }),
         });
         Fake { plan, ctl, device }
     }
@@ -87,17 +102,32 @@ impl Backend for Fake {
         }
         let (tx, rx) = unbounded_channel();
         let n = (req.params.max_tokens as usize).min(ANSWER.len());
-        let _ = tx.send(Event::Admitted { queue_time: Duration::ZERO, order: 0 });
+        let _ = tx.send(Event::Admitted {
+            queue_time: Duration::ZERO,
+            order: 0,
+        });
         for (i, &b) in ANSWER[..n].iter().enumerate() {
             if i == 1 && self.ctl.fail.load(Ordering::SeqCst) {
                 let _ = tx.send(Event::Error(GenerationError::Decode("fake failure".into())));
                 self.ctl.submitted.lock().unwrap().push(req);
                 return Ok(rx);
             }
-            let logprob = req.params.logprobs.map(|k| TokenLogprob { token: b as i32, logprob: -0.5, top: vec![(b as i32, -0.5); k as usize] });
-            let _ = tx.send(Event::Token { token: b as i32, text: (b as char).to_string(), logprob });
+            let logprob = req.params.logprobs.map(|k| TokenLogprob {
+                token: b as i32,
+                logprob: -0.5,
+                top: vec![(b as i32, -0.5); k as usize],
+            });
+            let _ = tx.send(Event::Token {
+                token: b as i32,
+                text: (b as char).to_string(),
+                logprob,
+            });
         }
-        let finish_reason = if n < ANSWER.len() { FinishReason::Length } else { FinishReason::Stop };
+        let finish_reason = if n < ANSWER.len() {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
         let _ = tx.send(Event::Done(Completion {
             finish_reason,
             prompt_tokens: req.prompt.len(),
@@ -112,20 +142,33 @@ impl Backend for Fake {
         self.ctl.submitted.lock().unwrap().push(req);
         Ok(rx)
     }
-    fn submit_group(&self, reqs: Vec<Request>) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+    fn submit_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         // the fake's places: 4 slots + 8 queued
         if reqs.len() > 12 {
-            return Err(SubmitError::GroupTooLarge { group: reqs.len(), capacity: 12, slots: 4, queue: 8 });
+            return Err(SubmitError::GroupTooLarge {
+                group: reqs.len(),
+                capacity: 12,
+                slots: 4,
+                queue: 8,
+            });
         }
         reqs.into_iter().map(|r| self.submit(r)).collect()
     }
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
         // token 1 stands for BOS
         let bos = add_special.then_some(1);
-        bos.into_iter().chain(text.bytes().map(|b| b as i32)).collect()
+        bos.into_iter()
+            .chain(text.bytes().map(|b| b as i32))
+            .collect()
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        let mut s: String = messages.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
+        let mut s: String = messages
+            .iter()
+            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .collect();
         s.push_str("assistant:");
         Ok(s)
     }

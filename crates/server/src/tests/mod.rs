@@ -39,11 +39,20 @@ async fn app(experiments: Option<&str>) -> App {
     app_with(experiments, None).await
 }
 
-async fn app_with(experiments: Option<&str>, device: Option<Arc<abserve_engine::device::FakeDevice>>) -> App {
+async fn app_with(
+    experiments: Option<&str>,
+    device: Option<Arc<abserve_engine::device::FakeDevice>>,
+) -> App {
     let ctl = Arc::new(Control::default());
     let fake = Fake::with_device(ctl.clone(), device);
     let stats = Arc::new(abserve_engine::EngineStats::default());
-    let metrics = Metrics::new(crate::backend::Backend::plan(&fake), stats, Metrics::engine_step_histogram().unwrap(), crate::backend::Backend::device(&fake)).unwrap();
+    let metrics = Metrics::new(
+        crate::backend::Backend::plan(&fake),
+        stats,
+        Metrics::engine_step_histogram().unwrap(),
+        crate::backend::Backend::device(&fake),
+    )
+    .unwrap();
     let config = ServerConfig {
         model_id: "fake".into(),
         queue_timeout: Duration::from_secs(5),
@@ -62,16 +71,38 @@ async fn app_with(experiments: Option<&str>, device: Option<Arc<abserve_engine::
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join("experiments.toml");
             std::fs::write(&file, toml).unwrap();
-            (Some(AbState::open(&abserve_ab::Location::Sqlite(dir.join("abserve.db")), Some(&file), false, Duration::from_secs(2)).await.unwrap()), Some(dir))
+            (
+                Some(
+                    AbState::open(
+                        &abserve_ab::Location::Sqlite(dir.join("abserve.db")),
+                        Some(&file),
+                        false,
+                        Duration::from_secs(2),
+                    )
+                    .await
+                    .unwrap(),
+                ),
+                Some(dir),
+            )
         }
         None => (None, None),
     };
     let state = AppState::new(fake, metrics, config, ab);
-    App { router: router(state), ctl, dir }
+    App {
+        router: router(state),
+        ctl,
+        dir,
+    }
 }
 
 impl App {
-    async fn call(&self, method: &str, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, Vec<u8>) {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, HeaderMap, Vec<u8>) {
         let mut r = Request::builder().method(method).uri(path);
         for (k, v) in headers {
             r = r.header(*k, *v);
@@ -80,20 +111,32 @@ impl App {
             Some(v) => Body::from(v.to_string()),
             None => Body::empty(),
         };
-        let resp = self.router.clone().oneshot(r.body(body).unwrap()).await.unwrap();
+        let resp = self
+            .router
+            .clone()
+            .oneshot(r.body(body).unwrap())
+            .await
+            .unwrap();
         let (parts, body) = resp.into_parts();
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
         (parts.status, parts.headers, bytes.to_vec())
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, HeaderMap, Vec<u8>) {
-        self.call("POST", path, Some(body), &[("content-type", "application/json")]).await
+        self.call(
+            "POST",
+            path,
+            Some(body),
+            &[("content-type", "application/json")],
+        )
+        .await
     }
 
     /// An OpenAI error answer: its status, `param` and message.
     async fn error(&self, path: &str, body: Value) -> (StatusCode, Option<String>, String) {
         let (status, _, bytes) = self.post(path, body).await;
-        let e: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("not an OpenAI error: {}", String::from_utf8_lossy(&bytes)));
+        let e: ErrorBody = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("not an OpenAI error: {}", String::from_utf8_lossy(&bytes)));
         (status, e.error.param, e.error.message)
     }
 }
@@ -124,17 +167,35 @@ async fn a_whole_chat_answer_has_openais_shape_and_exact_usage() {
     let a = app(None).await;
     let (status, _, bytes) =
         a.post("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})).await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
     let raw: Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(raw["choices"][0]["logprobs"], Value::Null, "OpenAI sends logprobs: null");
-    assert!(raw["choices"][0].get("text").is_none(), "a chat choice has no text field");
+    assert_eq!(
+        raw["choices"][0]["logprobs"],
+        Value::Null,
+        "OpenAI sends logprobs: null"
+    );
+    assert!(
+        raw["choices"][0].get("text").is_none(),
+        "a chat choice has no text field"
+    );
     let r: WireResponse = serde_json::from_value(raw).unwrap();
     assert!(r.id.starts_with("chatcmpl-"));
-    assert_eq!((r.object.as_str(), r.model.as_str()), ("chat.completion", "fake"));
+    assert_eq!(
+        (r.object.as_str(), r.model.as_str()),
+        ("chat.completion", "fake")
+    );
     assert_eq!(r.choices[0].content(), Some("hello"));
     assert_eq!(r.choices[0].finish_reason.as_deref(), Some("length"));
     let u = r.usage.unwrap();
-    assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (chat_prompt_len("hi"), 5, chat_prompt_len("hi") + 5));
+    assert_eq!(
+        (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+        (chat_prompt_len("hi"), 5, chat_prompt_len("hi") + 5)
+    );
     assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, 0);
     assert!(r.abserve.is_none(), "no routing field outside experiments");
     // the engine got the rendered template without a second BOS, and the caller's max_tokens
@@ -150,29 +211,53 @@ async fn a_streamed_chat_is_role_then_content_then_finish_then_usage_then_done()
                       "stream_options": {"include_usage": true}, "n": 2});
     let (status, headers, bytes) = a.post("/v1/chat/completions", body).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let (data, done) = sse(&bytes);
     assert!(done, "the stream ends with [DONE]");
-    let chunks: Vec<Chunk> = data.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
-    assert!(chunks.iter().all(|c| c.object == "chat.completion.chunk" && c.id == chunks[0].id));
+    let chunks: Vec<Chunk> = data
+        .iter()
+        .map(|v| serde_json::from_value(v.clone()).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c.object == "chat.completion.chunk" && c.id == chunks[0].id));
     // one role chunk per choice, first
     for (i, c) in chunks[..2].iter().enumerate() {
         assert_eq!(c.choices[0].index as usize, i);
-        assert_eq!(c.choices[0].delta.as_ref().unwrap().role.as_deref(), Some("assistant"));
+        assert_eq!(
+            c.choices[0].delta.as_ref().unwrap().role.as_deref(),
+            Some("assistant")
+        );
     }
     for i in 0..2u32 {
-        let mine: Vec<&Chunk> = chunks.iter().filter(|c| c.choices.first().is_some_and(|x| x.index == i)).collect();
+        let mine: Vec<&Chunk> = chunks
+            .iter()
+            .filter(|c| c.choices.first().is_some_and(|x| x.index == i))
+            .collect();
         let text: String = mine.iter().filter_map(|c| c.choices[0].content()).collect();
         assert_eq!(text.as_bytes(), ANSWER, "choice {i}");
-        let finishes: Vec<_> = mine.iter().filter_map(|c| c.choices[0].finish_reason.as_deref()).collect();
+        let finishes: Vec<_> = mine
+            .iter()
+            .filter_map(|c| c.choices[0].finish_reason.as_deref())
+            .collect();
         assert_eq!(finishes, ["stop"], "choice {i}: one finish chunk");
     }
     let last = chunks.last().unwrap();
     assert!(last.choices.is_empty());
     let u = last.usage.unwrap();
     // n copies of one prompt count once, as OpenAI counts them
-    assert_eq!((u.prompt_tokens, u.completion_tokens), (chat_prompt_len("hi"), 2 * ANSWER.len() as u64));
-    assert_eq!(data.iter().filter(|v| v.get("usage").is_some()).count(), 1, "usage only in the last chunk");
+    assert_eq!(
+        (u.prompt_tokens, u.completion_tokens),
+        (chat_prompt_len("hi"), 2 * ANSWER.len() as u64)
+    );
+    assert_eq!(
+        data.iter().filter(|v| v.get("usage").is_some()).count(),
+        1,
+        "usage only in the last chunk"
+    );
 }
 
 #[tokio::test]
@@ -180,7 +265,12 @@ async fn completions_take_token_prompts_n_and_logprobs_in_the_completions_shape(
     let a = app(None).await;
     let body = json!({"model": "fake", "prompt": [[72, 105], [33]], "n": 2, "max_tokens": 3, "logprobs": 2});
     let (status, _, bytes) = a.post("/v1/completions", body).await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
     let r: WireResponse = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(r.object, "text_completion");
     assert_eq!(r.choices.len(), 4, "2 prompts × n=2");
@@ -189,7 +279,11 @@ async fn completions_take_token_prompts_n_and_logprobs_in_the_completions_shape(
         Some(abserve_protocol::wire::Logprobs::Text(t)) => {
             assert_eq!(t.tokens, ["h", "e", "l"]);
             assert_eq!(t.text_offset, [0, 1, 2]);
-            assert_eq!(t.top_logprobs[0].len(), 1, "the fake's two alternatives are the same token");
+            assert_eq!(
+                t.top_logprobs[0].len(),
+                1,
+                "the fake's two alternatives are the same token"
+            );
         }
         other => panic!("completions logprobs expected, got {other:?}"),
     }
@@ -204,46 +298,143 @@ async fn bad_requests_are_openai_errors_naming_the_parameter() {
     let a = app(None).await;
     let chat = |extra: Value| {
         let mut b = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]});
-        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         b
     };
     let cases: Vec<(&str, Value, StatusCode, Option<&str>)> = vec![
-        ("/v1/chat/completions", chat(json!({"n": 0})), StatusCode::BAD_REQUEST, Some("n")),
-        ("/v1/chat/completions", chat(json!({"max_tokens": 0})), StatusCode::BAD_REQUEST, Some("max_tokens")),
-        ("/v1/chat/completions", chat(json!({"max_tokens": 10_000})), StatusCode::BAD_REQUEST, Some("max_tokens")),
-        ("/v1/chat/completions", chat(json!({"stop": ["a", "b", "c", "d", "e"]})), StatusCode::BAD_REQUEST, Some("stop")),
-        ("/v1/chat/completions", chat(json!({"top_logprobs": 3})), StatusCode::BAD_REQUEST, Some("top_logprobs")),
-        ("/v1/chat/completions", chat(json!({"model": "gpt-9"})), StatusCode::NOT_FOUND, Some("model")),
-        ("/v1/chat/completions", json!({"model": "fake", "messages": []}), StatusCode::BAD_REQUEST, Some("messages")),
-        ("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "king", "content": "x"}]}), StatusCode::BAD_REQUEST, Some("messages[0].role")),
-        ("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "x".repeat(450)}]}), StatusCode::BAD_REQUEST, Some("messages")),
-        ("/v1/completions", json!({"model": "fake", "prompt": [300]}), StatusCode::BAD_REQUEST, Some("prompt")),
-        ("/v1/completions", json!({"model": "fake", "prompt": "x", "echo": true}), StatusCode::BAD_REQUEST, Some("echo")),
-        ("/v1/completions", json!({"model": "fake", "prompt": []}), StatusCode::BAD_REQUEST, Some("prompt")),
-        ("/v1/completions", json!({"prompt": "x"}), StatusCode::BAD_REQUEST, Some("model")),
-        ("/v1/chat/completions", json!([1, 2]), StatusCode::BAD_REQUEST, None),
+        (
+            "/v1/chat/completions",
+            chat(json!({"n": 0})),
+            StatusCode::BAD_REQUEST,
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 0})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 10_000})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"stop": ["a", "b", "c", "d", "e"]})),
+            StatusCode::BAD_REQUEST,
+            Some("stop"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"top_logprobs": 3})),
+            StatusCode::BAD_REQUEST,
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"model": "gpt-9"})),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "fake", "messages": []}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "fake", "messages": [{"role": "king", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "fake", "messages": [{"role": "user", "content": "x".repeat(450)}]}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "fake", "prompt": [300]}),
+            StatusCode::BAD_REQUEST,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "fake", "prompt": "x", "echo": true}),
+            StatusCode::BAD_REQUEST,
+            Some("echo"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "fake", "prompt": []}),
+            StatusCode::BAD_REQUEST,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x"}),
+            StatusCode::BAD_REQUEST,
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!([1, 2]),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
     ];
     for (path, body, status, param) in cases {
         let (s, p, message) = a.error(path, body.clone()).await;
         assert_eq!((s, p.as_deref()), (status, param), "{body}: {message}");
         assert!(!message.is_empty());
     }
-    let (s, _, bytes) = a.call("POST", "/v1/chat/completions", None, &[("content-type", "application/json")]).await;
+    let (s, _, bytes) = a
+        .call(
+            "POST",
+            "/v1/chat/completions",
+            None,
+            &[("content-type", "application/json")],
+        )
+        .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(serde_json::from_slice::<ErrorBody>(&bytes).is_ok(), "an empty body is an OpenAI error too");
+    assert!(
+        serde_json::from_slice::<ErrorBody>(&bytes).is_ok(),
+        "an empty body is an OpenAI error too"
+    );
     // a body not declared as JSON (a cross-site form post) is refused before it is read
     let body = Some(json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}));
-    let (s, _, bytes) = a.call("POST", "/v1/chat/completions", body, &[("content-type", "text/plain")]).await;
+    let (s, _, bytes) = a
+        .call(
+            "POST",
+            "/v1/chat/completions",
+            body,
+            &[("content-type", "text/plain")],
+        )
+        .await;
     assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     assert!(serde_json::from_slice::<ErrorBody>(&bytes).is_ok());
-    assert!(a.ctl.submitted.lock().unwrap().is_empty(), "nothing invalid reached the engine");
+    assert!(
+        a.ctl.submitted.lock().unwrap().is_empty(),
+        "nothing invalid reached the engine"
+    );
 }
 
 #[tokio::test]
 async fn a_full_queue_is_429_with_retry_after_and_a_dead_engine_fails_health() {
     let a = app(None).await;
     a.ctl.queue_full.store(true, Ordering::SeqCst);
-    let (s, headers, bytes) = a.post("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]})).await;
+    let (s, headers, bytes) = a
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     let secs: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!(secs >= 1);
@@ -251,12 +442,21 @@ async fn a_full_queue_is_429_with_retry_after_and_a_dead_engine_fails_health() {
     assert_eq!(e.error.kind.as_deref(), Some("rate_limit_exceeded"));
     assert_eq!(a.call("GET", "/health", None, &[]).await.0, StatusCode::OK);
     a.ctl.dead.store(true, Ordering::SeqCst);
-    assert_eq!(a.call("GET", "/health", None, &[]).await.0, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(a.call("GET", "/ready", None, &[]).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        a.call("GET", "/health", None, &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        a.call("GET", "/ready", None, &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     let (s, _, bytes) = a.call("GET", "/v1/models", None, &[]).await;
     assert_eq!(s, StatusCode::OK);
     let models: ModelList = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!((models.object.as_str(), models.data[0].id.as_str()), ("list", "fake"));
+    assert_eq!(
+        (models.object.as_str(), models.data[0].id.as_str()),
+        ("list", "fake")
+    );
 }
 
 #[tokio::test]
@@ -266,7 +466,11 @@ async fn a_generation_that_fails_is_an_error_chunk_in_a_stream_and_a_503_whole()
     let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]});
     let (s, _, bytes) = a.post("/v1/chat/completions", body.clone()).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(serde_json::from_slice::<ErrorBody>(&bytes).unwrap().error.message.contains("fake failure"));
+    assert!(serde_json::from_slice::<ErrorBody>(&bytes)
+        .unwrap()
+        .error
+        .message
+        .contains("fake failure"));
     let mut streamed = body;
     streamed["stream"] = json!(true);
     let (s, _, bytes) = a.post("/v1/chat/completions", streamed).await;
@@ -278,7 +482,11 @@ async fn a_generation_that_fails_is_an_error_chunk_in_a_stream_and_a_503_whole()
     assert!(done);
     let (_, _, m) = a.call("GET", "/metrics", None, &[]).await;
     let m = abserve_protocol::parse_prometheus(&String::from_utf8(m).unwrap());
-    assert_eq!(m.get("abserve_generation_errors_total{kind=\"decode\"}"), Some(2.0), "both failures counted");
+    assert_eq!(
+        m.get("abserve_generation_errors_total{kind=\"decode\"}"),
+        Some(2.0),
+        "both failures counted"
+    );
 }
 
 const EXPERIMENT: &str = r#"
@@ -296,12 +504,20 @@ weight = 0
 
 /// Per-variant automatic metrics of the experiment: (metric, n, mean) of variant `a`.
 async fn auto_metrics(a: &App) -> Vec<(String, u64, f64)> {
-    let (s, _, bytes) = a.call("GET", "/v1/experiments/greet/results", None, &[]).await;
+    let (s, _, bytes) = a
+        .call("GET", "/v1/experiments/greet/results", None, &[])
+        .await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&bytes).unwrap();
     let m = v["variants"][0]["metrics"].as_object().unwrap();
     m.iter()
-        .map(|(k, r)| (k.clone(), r["summary"]["n"].as_u64().unwrap(), r["summary"]["mean"].as_f64().unwrap()))
+        .map(|(k, r)| {
+            (
+                k.clone(),
+                r["summary"]["n"].as_u64().unwrap(),
+                r["summary"]["mean"].as_f64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -315,35 +531,70 @@ async fn a_request_is_assigned_by_the_experiments_hash_attribute_from_metadata()
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let r: WireResponse = serde_json::from_slice(&bytes).unwrap();
     let routing = r.abserve.unwrap();
-    assert_eq!((routing.variant.as_str(), routing.unit.as_deref(), routing.in_experiment), ("a", Some("t1"), true));
+    assert_eq!(
+        (
+            routing.variant.as_str(),
+            routing.unit.as_deref(),
+            routing.in_experiment
+        ),
+        ("a", Some("t1"), true)
+    );
     assert_eq!(headers["x-abserve-variant"], "a");
-    assert_eq!(r.choices[0].content(), Some("he"), "the variant's max_tokens");
+    assert_eq!(
+        r.choices[0].content(),
+        Some("he"),
+        "the variant's max_tokens"
+    );
     let sub = a.ctl.submitted.lock().unwrap().clone();
-    assert_eq!(String::from_utf8(sub[0].prompt.iter().map(|&t| t as u8).collect()).unwrap(), "system: Be brief.\nuser: hi\nassistant:");
+    assert_eq!(
+        String::from_utf8(sub[0].prompt.iter().map(|&t| t as u8).collect()).unwrap(),
+        "system: Be brief.\nuser: hi\nassistant:"
+    );
     // `user` is not the attribute this experiment hashes: no unit, control, not in the results
-    let (_, _, bytes) = a.post("/v1/chat/completions", json!({"model": "experiment:greet", "messages": msg, "user": "u9"})).await;
-    let routing = serde_json::from_slice::<WireResponse>(&bytes).unwrap().abserve.unwrap();
+    let (_, _, bytes) = a
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "experiment:greet", "messages": msg, "user": "u9"}),
+        )
+        .await;
+    let routing = serde_json::from_slice::<WireResponse>(&bytes)
+        .unwrap()
+        .abserve
+        .unwrap();
     assert_eq!((routing.unit, routing.in_experiment), (None, false));
 }
 
 #[tokio::test]
 async fn streamed_and_whole_answers_record_the_same_exposure_fields() {
     let a = app(Some(EXPERIMENT)).await;
-    let req = |team: &str, stream: bool| {
-        json!({"model": "experiment:greet", "messages": [{"role": "user", "content": "hi"}], "metadata": {"team": team}, "stream": stream})
-    };
-    assert_eq!(a.post("/v1/chat/completions", req("t1", false)).await.0, StatusCode::OK);
-    assert_eq!(a.post("/v1/chat/completions", req("t2", true)).await.0, StatusCode::OK);
+    let req = |team: &str, stream: bool| json!({"model": "experiment:greet", "messages": [{"role": "user", "content": "hi"}], "metadata": {"team": team}, "stream": stream});
+    assert_eq!(
+        a.post("/v1/chat/completions", req("t1", false)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        a.post("/v1/chat/completions", req("t2", true)).await.0,
+        StatusCode::OK
+    );
     let m = auto_metrics(&a).await;
     for name in ["latency_ms", "ttft_ms", "output_tokens", "error"] {
-        let (_, n, _) = m.iter().find(|x| x.0 == name).unwrap_or_else(|| panic!("{name} missing in {m:?}"));
+        let (_, n, _) = m
+            .iter()
+            .find(|x| x.0 == name)
+            .unwrap_or_else(|| panic!("{name} missing in {m:?}"));
         assert_eq!(*n, 2, "{name}: one value per exposure, streamed or not");
     }
     assert_eq!(m.iter().find(|x| x.0 == "output_tokens").unwrap().2, 2.0);
     // failures: both ways record the error
     a.ctl.fail.store(true, Ordering::SeqCst);
-    assert_eq!(a.post("/v1/chat/completions", req("t3", false)).await.0, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(a.post("/v1/chat/completions", req("t4", true)).await.0, StatusCode::OK);
+    assert_eq!(
+        a.post("/v1/chat/completions", req("t3", false)).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        a.post("/v1/chat/completions", req("t4", true)).await.0,
+        StatusCode::OK
+    );
     let m = auto_metrics(&a).await;
     let (_, n, mean) = m.iter().find(|x| x.0 == "error").unwrap();
     assert_eq!((*n, *mean), (4, 0.5), "two of four exposures failed");
@@ -356,14 +607,26 @@ async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_varian
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let r: abserve_protocol::abserve::Ready = serde_json::from_slice(&bytes).unwrap();
     assert_eq!((r.status.as_str(), r.model.as_str()), ("ready", "fake"));
-    assert_eq!((r.plan.context, r.plan.seq_slots, r.max_queue), (fake::CONTEXT, 4, 8));
+    assert_eq!(
+        (r.plan.context, r.plan.seq_slots, r.max_queue),
+        (fake::CONTEXT, 4, 8)
+    );
     let probe = a.ctl.submitted.lock().unwrap().pop().unwrap();
-    assert!(probe.priority && probe.params.max_tokens == 1, "a real 1-token generation in the priority lane");
+    assert!(
+        probe.priority && probe.params.max_tokens == 1,
+        "a real 1-token generation in the priority lane"
+    );
 
-    let (s, _, bytes) = a.post("/v1/experiments/greet/fanout", json!({"input": "hi"})).await;
+    let (s, _, bytes) = a
+        .post("/v1/experiments/greet/fanout", json!({"input": "hi"}))
+        .await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let f: abserve_protocol::abserve::Fanout = serde_json::from_slice(&bytes).unwrap();
-    let outs: Vec<(&str, Option<&str>)> = f.results.iter().map(|r| (r.variant.as_str(), r.output.as_deref())).collect();
+    let outs: Vec<(&str, Option<&str>)> = f
+        .results
+        .iter()
+        .map(|r| (r.variant.as_str(), r.output.as_deref()))
+        .collect();
     assert_eq!(outs, [("a", Some("he")), ("b", Some("hello world"))]);
     let mut ranks: Vec<usize> = f.results.iter().map(|r| r.admission_rank).collect();
     ranks.sort();
@@ -377,17 +640,33 @@ async fn the_openapi_document_lists_every_route_with_its_error_answers() {
     assert_eq!(s, StatusCode::OK);
     let doc: Value = serde_json::from_slice(&bytes).unwrap();
     let paths = doc["paths"].as_object().unwrap();
-    for p in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/experiments", "/v1/experiments/{name}",
-              "/v1/experiments/{name}/fanout", "/v1/experiments/{name}/events", "/v1/experiments/{name}/results",
-              "/health", "/ready", "/metrics", "/openapi.json"] {
+    for p in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/experiments",
+        "/v1/experiments/{name}",
+        "/v1/experiments/{name}/fanout",
+        "/v1/experiments/{name}/events",
+        "/v1/experiments/{name}/results",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/openapi.json",
+    ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
     let chat = &doc["paths"]["/v1/chat/completions"]["post"];
     for code in ["200", "400", "413", "415", "429", "503"] {
         assert!(chat["responses"].get(code).is_some(), "chat lacks {code}");
     }
-    assert!(chat["responses"]["200"]["content"].get("text/event-stream").is_some());
-    assert_eq!(doc["components"]["schemas"]["Common"]["properties"]["temperature"]["maximum"], 2.0);
+    assert!(chat["responses"]["200"]["content"]
+        .get("text/event-stream")
+        .is_some());
+    assert_eq!(
+        doc["components"]["schemas"]["Common"]["properties"]["temperature"]["maximum"],
+        2.0
+    );
 }
 
 /// With layers on a device: `/ready` reports the device and fails once abserve's use of it
@@ -395,7 +674,11 @@ async fn the_openapi_document_lists_every_route_with_its_error_answers() {
 #[tokio::test]
 async fn ready_and_metrics_watch_the_device() {
     let before = 100 << 20;
-    let device = Arc::new(abserve_engine::device::FakeDevice::new("Fake0", 1 << 30, before));
+    let device = Arc::new(abserve_engine::device::FakeDevice::new(
+        "Fake0",
+        1 << 30,
+        before,
+    ));
     let a = app_with(None, Some(device.clone())).await;
     let (s, _, body) = a.call("GET", "/ready", None, &[]).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
@@ -410,18 +693,42 @@ async fn ready_and_metrics_watch_the_device() {
     assert_eq!(a.call("GET", "/ready", None, &[]).await.0, StatusCode::OK);
     let (_, _, m) = a.call("GET", "/metrics", None, &[]).await;
     let m = abserve_protocol::parse_prometheus(&String::from_utf8_lossy(&m));
-    assert_eq!(m.get("abserve_device_memory_total_bytes{device=\"Fake0\"}"), Some((1u64 << 30) as f64));
-    assert_eq!(m.get("abserve_device_memory_used_bytes{device=\"Fake0\"}"), Some((before + fake::DEVICE_BUDGET) as f64));
-    assert_eq!(m.get("abserve_device_memory_budget_bytes{device=\"Fake0\"}"), Some(fake::DEVICE_BUDGET as f64));
-    assert_eq!(m.get("abserve_device_memory_planned_bytes{device=\"Fake0\"}"), Some(planned as f64));
-    assert_eq!(m.get("abserve_device_memory_free_bytes{device=\"Fake0\"}"), Some(((1u64 << 30) - before - fake::DEVICE_BUDGET) as f64));
-    assert_eq!(m.get("abserve_device_memory_used_before_start_bytes{device=\"Fake0\"}"), Some(before as f64));
+    assert_eq!(
+        m.get("abserve_device_memory_total_bytes{device=\"Fake0\"}"),
+        Some((1u64 << 30) as f64)
+    );
+    assert_eq!(
+        m.get("abserve_device_memory_used_bytes{device=\"Fake0\"}"),
+        Some((before + fake::DEVICE_BUDGET) as f64)
+    );
+    assert_eq!(
+        m.get("abserve_device_memory_budget_bytes{device=\"Fake0\"}"),
+        Some(fake::DEVICE_BUDGET as f64)
+    );
+    assert_eq!(
+        m.get("abserve_device_memory_planned_bytes{device=\"Fake0\"}"),
+        Some(planned as f64)
+    );
+    assert_eq!(
+        m.get("abserve_device_memory_free_bytes{device=\"Fake0\"}"),
+        Some(((1u64 << 30) - before - fake::DEVICE_BUDGET) as f64)
+    );
+    assert_eq!(
+        m.get("abserve_device_memory_used_before_start_bytes{device=\"Fake0\"}"),
+        Some(before as f64)
+    );
     // one byte more: not ready, and the message says every number
     device.set_used(before + fake::DEVICE_BUDGET + 1);
     let (s, _, body) = a.call("GET", "/ready", None, &[]).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     let text = String::from_utf8_lossy(&body);
-    for n in [before + fake::DEVICE_BUDGET + 1, 1 << 30, before, fake::DEVICE_BUDGET, fake::DEVICE_BUDGET + 1] {
+    for n in [
+        before + fake::DEVICE_BUDGET + 1,
+        1 << 30,
+        before,
+        fake::DEVICE_BUDGET,
+        fake::DEVICE_BUDGET + 1,
+    ] {
         assert!(text.contains(&n.to_string()), "{n} missing from {text}");
     }
 }

@@ -14,9 +14,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::*;
 use crate::request::{Completion, Event, FinishReason, Request};
+use crate::sampler::SamplingParams;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use crate::sampler::SamplingParams;
 
 const VOCAB: usize = 100;
 const EOG: i32 = 1;
@@ -71,7 +71,10 @@ impl Fake {
         }
     }
     fn split(slots: usize, per: usize) -> Self {
-        Fake { per_stream: Some(per), ..Fake::new(slots * per) }
+        Fake {
+            per_stream: Some(per),
+            ..Fake::new(slots * per)
+        }
     }
     fn stream(&self, seq: i32) -> std::ops::Range<usize> {
         match self.per_stream {
@@ -122,7 +125,10 @@ impl Fake {
             .map(|c| (c.pos, c.token))
             .collect();
         v.sort();
-        assert!(v.iter().enumerate().all(|(i, (p, _))| *p == i), "seq {seq} has a hole in its KV");
+        assert!(
+            v.iter().enumerate().all(|(i, (p, _))| *p == i),
+            "seq {seq} has a hole in its KV"
+        );
         v.into_iter().map(|x| x.1).collect()
     }
 }
@@ -152,7 +158,10 @@ impl Compute for Fake {
     fn decode(&mut self) -> Result<bool, String> {
         let mut taken: Vec<usize> = Vec::new();
         for &(_, _, seq, _) in &self.batch {
-            match self.stream(seq).find(|&i| self.cells[i].is_none() && !taken.contains(&i)) {
+            match self
+                .stream(seq)
+                .find(|&i| self.cells[i].is_none() && !taken.contains(&i))
+            {
                 Some(i) => taken.push(i),
                 None => {
                     self.no_slot += 1;
@@ -165,7 +174,11 @@ impl Compute for Fake {
         self.ubatches += n;
         self.per_decode.push(n);
         for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
-            self.cells[taken[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+            self.cells[taken[k]] = Some(FakeCell {
+                pos,
+                token,
+                seqs: [seq].into(),
+            });
         }
         for &(_, pos, seq, want) in &self.batch {
             if want {
@@ -204,7 +217,10 @@ impl Compute for Fake {
         }
     }
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&dst)), "share into a sequence that holds cells");
+        assert!(
+            self.cells.iter().flatten().all(|c| !c.seqs.contains(&dst)),
+            "share into a sequence that holds cells"
+        );
         match self.per_stream {
             None => {
                 for cell in self.cells.iter_mut().flatten() {
@@ -218,31 +234,56 @@ impl Compute for Fake {
                 self.pending.push((src, dst));
                 let (s, d) = (self.stream(src), self.stream(dst));
                 for (i, j) in s.zip(d) {
-                    self.cells[j] = self.cells[i]
-                        .as_ref()
-                        .map(|c| FakeCell { pos: c.pos, token: c.token, seqs: [dst].into() });
+                    self.cells[j] = self.cells[i].as_ref().map(|c| FakeCell {
+                        pos: c.pos,
+                        token: c.token,
+                        seqs: [dst].into(),
+                    });
                 }
                 self.truncate_seq(dst, len);
             }
         }
     }
     fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
-        assert!(self.pending.iter().all(|p| p.1 != seq), "saved sequence {seq} before its copy landed");
-        let cells: Vec<(usize, i32)> =
-            self.cells.iter().flatten().filter(|c| c.seqs.contains(&seq)).map(|c| (c.pos, c.token)).collect();
+        assert!(
+            self.pending.iter().all(|p| p.1 != seq),
+            "saved sequence {seq} before its copy landed"
+        );
+        let cells: Vec<(usize, i32)> = self
+            .cells
+            .iter()
+            .flatten()
+            .filter(|c| c.seqs.contains(&seq))
+            .map(|c| (c.pos, c.token))
+            .collect();
         let n = cells.len() * 8;
         Some((Box::new(cells), n))
     }
     fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
-        assert!(self.pending.iter().all(|p| p.0 != seq), "restored into {seq} before the copy from it landed");
-        assert!(self.cells.iter().flatten().all(|c| !c.seqs.contains(&seq)), "restore into a sequence that holds cells");
-        let cells = snap.downcast_ref::<Vec<(usize, i32)>>().expect("fake snapshot");
-        let free: Vec<usize> = self.stream(seq).filter(|&i| self.cells[i].is_none()).collect();
+        assert!(
+            self.pending.iter().all(|p| p.0 != seq),
+            "restored into {seq} before the copy from it landed"
+        );
+        assert!(
+            self.cells.iter().flatten().all(|c| !c.seqs.contains(&seq)),
+            "restore into a sequence that holds cells"
+        );
+        let cells = snap
+            .downcast_ref::<Vec<(usize, i32)>>()
+            .expect("fake snapshot");
+        let free: Vec<usize> = self
+            .stream(seq)
+            .filter(|&i| self.cells[i].is_none())
+            .collect();
         if free.len() < cells.len() {
             return false;
         }
         for (k, &(pos, token)) in cells.iter().enumerate() {
-            self.cells[free[k]] = Some(FakeCell { pos, token, seqs: [seq].into() });
+            self.cells[free[k]] = Some(FakeCell {
+                pos,
+                token,
+                seqs: [seq].into(),
+            });
         }
         true
     }
@@ -263,10 +304,21 @@ impl Compute for Fake {
     }
 }
 
-fn submit(s: &mut Scheduler, prompt: Vec<i32>, max_tokens: u32, group: &str) -> UnboundedReceiver<Event> {
+fn submit(
+    s: &mut Scheduler,
+    prompt: Vec<i32>,
+    max_tokens: u32,
+    group: &str,
+) -> UnboundedReceiver<Event> {
     let (tx, rx) = unbounded_channel();
     s.enqueue_counted(
-        Request { prompt, params: SamplingParams::greedy(max_tokens), group: Some(group.into()), priority: false, kv_share: None },
+        Request {
+            prompt,
+            params: SamplingParams::greedy(max_tokens),
+            group: Some(group.into()),
+            priority: false,
+            kv_share: None,
+        },
         tx,
     );
     rx
@@ -290,19 +342,31 @@ fn run(s: &mut Scheduler, f: &mut Fake) {
     let mut guard = 0;
     while !s.is_idle() {
         s.step(f);
-        assert!(s.used_cells() <= s.cfg.kv_cells, "accounting exceeded the cache");
-        assert_eq!(s.used_cells(), f.used(), "accounting disagrees with the cache");
+        assert!(
+            s.used_cells() <= s.cfg.kv_cells,
+            "accounting exceeded the cache"
+        );
+        assert_eq!(
+            s.used_cells(),
+            f.used(),
+            "accounting disagrees with the cache"
+        );
         guard += 1;
         assert!(guard < 100_000, "scheduler did not finish");
     }
 }
 
 fn sched(kv: usize, slots: usize, ctx: usize) -> Scheduler {
-    Scheduler::new(SchedulerConfig::new(kv, slots, ctx), Arc::new(EngineStats::default()))
+    Scheduler::new(
+        SchedulerConfig::new(kv, slots, ctx),
+        Arc::new(EngineStats::default()),
+    )
 }
 
 fn prompt(seed: i32, len: usize) -> Vec<i32> {
-    (0..len as i32).map(|i| 2 + (seed * 31 + i * 7).rem_euclid(90)).collect()
+    (0..len as i32)
+        .map(|i| 2 + (seed * 31 + i * 7).rem_euclid(90))
+        .collect()
 }
 
 fn solo(p: &[i32], max_tokens: u32) -> Vec<i32> {
