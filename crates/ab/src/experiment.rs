@@ -61,8 +61,28 @@ pub struct Experiment {
     pub control: Option<String>,
     /// Largest share (0, 1] of KV cells this experiment's running sequences may hold.
     pub max_kv_share: Option<f64>,
+    /// Total units at which the sequential confidence sequence is narrowest (default 5000,
+    /// GrowthBook's); see `sequential`.
+    pub sequential_tuning: Option<f64>,
+    /// Ratio metrics: per unit the sum of one metric over the sum of another (delta method).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ratios: Vec<RatioMetric>,
     pub variants: Vec<Variant>,
 }
+
+/// A ratio metric, e.g. `{ name = "tokens_per_success", numerator = "output_tokens",
+/// denominator = "success" }`: numerator and denominator name automatic metrics
+/// (`latency_ms`, `ttft_ms`, `output_tokens`, `error`) or outcome events' metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatioMetric {
+    pub name: String,
+    pub numerator: String,
+    pub denominator: String,
+}
+
+/// The metrics every exposure records by itself.
+pub const AUTOMATIC_METRICS: [&str; 4] = ["latency_ms", "ttft_ms", "output_tokens", "error"];
 
 fn user_attr() -> String {
     "user".into()
@@ -180,6 +200,38 @@ impl Experiment {
         if let Some(s) = self.max_kv_share {
             if !(s > 0.0 && s <= 1.0) {
                 return bad(format!("max_kv_share {s} must be in (0, 1]"));
+            }
+        }
+        if let Some(t) = self.sequential_tuning {
+            if !(t.is_finite() && t >= 1.0) {
+                return bad(format!(
+                    "sequential_tuning {t} must be a number of units ≥ 1"
+                ));
+            }
+        }
+        let mut ratio_names = std::collections::HashSet::new();
+        for r in &self.ratios {
+            let metric_name = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 64
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            };
+            if !metric_name(&r.name) || !metric_name(&r.numerator) || !metric_name(&r.denominator) {
+                return bad(format!(
+                    "ratio '{}' ({} / {}): names must be 1-64 characters of letters, digits, '-', '_' or '.'",
+                    r.name, r.numerator, r.denominator
+                ));
+            }
+            if AUTOMATIC_METRICS.contains(&r.name.as_str()) || !ratio_names.insert(r.name.as_str())
+            {
+                return bad(format!("ratio '{}' repeats a metric's name", r.name));
+            }
+            if r.numerator == r.denominator {
+                return bad(format!(
+                    "ratio '{}' divides '{}' by itself",
+                    r.name, r.numerator
+                ));
             }
         }
         if !(1..=2).contains(&self.hash_version) {
@@ -356,6 +408,26 @@ system = "Be warm and friendly."
             .contains("duplicate experiment name"));
         let share = GOOD.replace("max_kv_share = 0.5", "max_kv_share = 1.5");
         assert!(parse_file(&share).unwrap_err().0.contains("max_kv_share"));
+        let tuning = GOOD.replace("max_kv_share = 0.5", "sequential_tuning = 0");
+        assert!(parse_file(&tuning)
+            .unwrap_err()
+            .0
+            .contains("sequential_tuning 0"));
+        let ratio = GOOD.replace(
+            "max_kv_share = 0.5",
+            "ratios = [{ name = \"x\", numerator = \"error\", denominator = \"error\" }]",
+        );
+        assert!(parse_file(&ratio)
+            .unwrap_err()
+            .0
+            .contains("divides 'error' by itself"));
+        let ratio = GOOD.replace(
+            "max_kv_share = 0.5",
+            "ratios = [{ name = \"error\", numerator = \"a\", denominator = \"b\" }]",
+        );
+        assert!(parse_file(&ratio).unwrap_err().0.contains("repeats"));
+        let ok = GOOD.replace("max_kv_share = 0.5", "ratios = [{ name = \"tokens_per_success\", numerator = \"output_tokens\", denominator = \"success\" }]");
+        assert_eq!(parse_file(&ok).unwrap()[0].ratios[0].denominator, "success");
         let unknown = GOOD.replace("max_kv_share = 0.5", "colour = \"red\"");
         assert!(parse_file(&unknown).unwrap_err().0.contains("colour"));
     }

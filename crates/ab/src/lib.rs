@@ -9,30 +9,43 @@
 //!   migrations, idempotent event batches, results aggregated by the database;
 //! - `testing`: fresh stores on both backends for tests;
 //! - `stats` (Welch, SRM) and `paired` (paired t, McNemar, sign test, quantiles), pinned to
-//!   scipy/statsmodels fixtures.
+//!   scipy/statsmodels fixtures;
+//! - statistics that stay valid when people peek and compare many things, pinned to GrowthBook's
+//!   `gbstats`, `confseq` and statsmodels: `sequential` (always-valid confidence sequences),
+//!   `bayes` (chance to beat control, uplift, risk), `adjust` (Holm, Benjamini–Hochberg),
+//!   `ratio` (ratio metrics by the delta method).
 
+mod adjust;
 mod assign;
+mod bayes;
 mod experiment;
 mod paired;
+mod ratio;
+mod sequential;
 mod stats;
 mod store;
 pub mod testing;
 mod variant;
 
+pub use adjust::{benjamini_hochberg, holm};
 pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
+pub use bayes::{bayesian, Bayesian};
 pub use experiment::{
-    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid, Status,
-    Variant, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
+    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid,
+    RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
 };
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
     SignTest,
 };
+pub use ratio::RatioMoments;
+pub use sequential::{half_width, sequential, Sequential, DEFAULT_TUNING};
 pub use stats::{
     from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary,
 };
 pub use store::{
-    url_without_password, Backend, Exposure, Location, MetricResult, OutcomeEvent, Results, Store,
-    StoreCondition, StoreError, VariantResult, CHANNEL,
+    url_without_password, Adjusted, Backend, Exposure, HistoryPoint, Location, MetricResult,
+    OutcomeEvent, RatioParts, Results, Store, StoreCondition, StoreError, VariantResult, ALPHA,
+    CHANNEL,
 };
 pub use variant::{Message, Sampling, VariantError};

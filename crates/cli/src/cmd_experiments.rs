@@ -67,48 +67,97 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
                 return Ok(());
             }
-            println!("experiment {} (control: {})", r.experiment, r.control);
-            if let Some(s) = &r.srm {
-                println!(
-                    "sample ratio: chi2 {:.3}, p {:.4}{}",
-                    s.chi2,
-                    s.p_value,
-                    if s.mismatch {
-                        "  ** MISMATCH: check assignment and logging **"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            for v in &r.variants {
-                println!(
-                    "\n{}{}: {} units, {} exposures",
-                    v.id,
-                    if v.is_control { " (control)" } else { "" },
-                    v.units,
-                    v.exposures
-                );
-                for (m, res) in &v.metrics {
-                    let s = &res.summary;
-                    let mut line = format!(
-                        "  {m:<16} n {:>5}  mean {:>10.3}  sd {:>9.3}  95% CI [{:.3}, {:.3}]",
-                        s.n, s.mean, s.sd, s.ci_low, s.ci_high
-                    );
-                    if let Some(c) = &res.vs_control {
-                        line.push_str(&format!(
-                            "  lift {:+.3} ({:+.1}%)  p {:.4}  CI [{:.3}, {:.3}]  P(beat) {:.1}%",
-                            c.diff,
-                            c.relative_lift * 100.0,
-                            c.p_value,
-                            c.ci_low,
-                            c.ci_high,
-                            c.chance_to_beat_control * 100.0
-                        ));
-                    }
-                    println!("{line}");
-                }
-            }
+            print!("{}", table(&r));
         }
     }
     Ok(())
+}
+
+/// The results as text: per variant and metric the summary, then against control the
+/// fixed-horizon test, the always-valid sequence, the Bayesian read-out and, when more than one
+/// comparison is made, the adjusted p-values. The same numbers as `--json` and the API.
+pub fn table(r: &abserve_ab::Results) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let pct = |x: f64| x * 100.0;
+    let _ = writeln!(
+        out,
+        "experiment {} (control: {}); {:.0}% intervals; sequential tuning {} units; {} comparisons",
+        r.experiment,
+        r.control,
+        (1.0 - r.alpha) * 100.0,
+        r.sequential_tuning,
+        r.comparisons
+    );
+    if let Some(s) = &r.srm {
+        let flag = if s.mismatch {
+            "  ** MISMATCH: check assignment and logging **"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "sample ratio: chi2 {:.3}, p {:.4}{flag}",
+            s.chi2, s.p_value
+        );
+    }
+    for v in &r.variants {
+        let control = if v.is_control { " (control)" } else { "" };
+        let _ = writeln!(
+            out,
+            "\n{}{control}: weight {:.3}, {} units, {} exposures",
+            v.id, v.weight, v.units, v.exposures
+        );
+        for (m, res) in &v.metrics {
+            let s = &res.summary;
+            let ratio = res
+                .ratio
+                .as_ref()
+                .map(|q| format!("  ({} / {})", q.numerator, q.denominator))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {m:<18} n {:>6}  mean {:>11.4}  sd {:>10.4}  CI [{:.4}, {:.4}]{ratio}",
+                s.n, s.mean, s.sd, s.ci_low, s.ci_high
+            );
+            if let Some(c) = &res.vs_control {
+                let _ = writeln!(
+                    out,
+                    "    fixed horizon   diff {:+.4} ({:+.2}%)  CI [{:.4}, {:.4}]  p {:.4}",
+                    c.diff,
+                    pct(c.relative_lift),
+                    c.ci_low,
+                    c.ci_high,
+                    c.p_value
+                );
+            }
+            if let Some(q) = &res.sequential {
+                let _ = writeln!(
+                    out,
+                    "    sequential      diff {:+.4}  CS [{:.4}, {:.4}]  always-valid p {:.4}",
+                    q.diff, q.ci_low, q.ci_high, q.p_value
+                );
+            }
+            if let Some(b) = &res.bayesian {
+                let _ = writeln!(
+                    out,
+                    "    bayesian        P(beat control) {:.1}%  uplift {:+.2}% [{:+.2}%, {:+.2}%]  risk: control {:.4}%, this {:.4}%",
+                    pct(b.chance_to_beat_control),
+                    pct(b.uplift),
+                    pct(b.ci_low),
+                    pct(b.ci_high),
+                    pct(b.risk_control),
+                    pct(b.risk_treatment)
+                );
+            }
+            if let Some(a) = &res.adjusted {
+                let _ = writeln!(
+                    out,
+                    "    adjusted        Holm p {:.4}  BH p {:.4}  sequential Holm p {:.4}",
+                    a.holm, a.bh, a.sequential_holm
+                );
+            }
+        }
+    }
+    out
 }

@@ -148,9 +148,27 @@ async fn aa_test_shows_nothing_and_a_known_effect_is_detected() {
         String::from_utf8_lossy(&out.stderr)
     );
     let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        cli["variants"][1]["metrics"]["satisfaction"]["vs_control"]["p_value"],
-        cmp["p_value"]
+    let sat = |v: &Value| v["variants"][1]["metrics"]["satisfaction"].clone();
+    for k in ["vs_control", "sequential", "bayesian", "adjusted"] {
+        assert!(sat(&eff)[k].is_object(), "results carry {k}: {}", sat(&eff));
+        assert_eq!(
+            sat(&cli)[k],
+            sat(&eff)[k],
+            "the CLI and the API give the same {k}"
+        );
+    }
+    // a 1.5 effect (sd 2) on 100 units per arm: the always-valid sequence is wider than the
+    // fixed-horizon interval, and the Bayesian read-out is sure of the direction
+    let seq = &sat(&eff)["sequential"];
+    assert!(
+        seq["ci_high"].as_f64().unwrap() - seq["ci_low"].as_f64().unwrap()
+            > cmp["ci_high"].as_f64().unwrap() - cmp["ci_low"].as_f64().unwrap()
+    );
+    assert!(
+        sat(&eff)["bayesian"]["chance_to_beat_control"]
+            .as_f64()
+            .unwrap()
+            > 0.95
     );
     let table = std::process::Command::new(env!("CARGO_BIN_EXE_abserve"))
         .args([
@@ -163,7 +181,16 @@ async fn aa_test_shows_nothing_and_a_known_effect_is_detected() {
         .output()
         .unwrap();
     let t = String::from_utf8_lossy(&table.stdout);
-    assert!(t.contains("satisfaction") && t.contains("p "), "{t}");
+    for want in [
+        "satisfaction",
+        "fixed horizon",
+        "sequential",
+        "always-valid p",
+        "P(beat control)",
+        "Holm p",
+    ] {
+        assert!(t.contains(want), "the table shows {want}: {t}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -28,7 +28,9 @@ use sqlx::sqlite::{
 };
 
 pub use error::{StoreCondition, StoreError};
-pub use results::{MetricResult, Results, VariantResult};
+pub use results::{
+    Adjusted, HistoryPoint, MetricResult, RatioParts, Results, VariantResult, ALPHA,
+};
 
 use crate::experiment::Experiment;
 
@@ -317,21 +319,68 @@ impl Store {
 
     /// Units per variant (a unit belongs to the variant of its first non-forced exposure).
     pub async fn units(&self, experiment: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.units_until(experiment, f64::MAX).await
+    }
+
+    async fn units_until(
+        &self,
+        experiment: &str,
+        until: f64,
+    ) -> Result<BTreeMap<String, u64>, StoreError> {
         let q = results::units_sql();
-        let rows: Vec<(String, i64)> =
-            on_pool!(self, p => sqlx::query_as(&q).bind(experiment).fetch_all(p).await?);
+        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(&q).bind(experiment).bind(until).fetch_all(p).await?);
         Ok(rows.into_iter().map(|(v, n)| (v, n as u64)).collect())
     }
 
     /// Per-variant results with statistics against the control, aggregated by the database.
     pub async fn results(&self, e: &Experiment) -> Result<Results, StoreError> {
-        let units = self.units(&e.name).await?;
-        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).fetch_all(p).await?);
+        self.results_until(e, f64::MAX).await
+    }
+
+    /// The results from what was recorded up to `until` (seconds since the epoch).
+    pub async fn results_until(&self, e: &Experiment, until: f64) -> Result<Results, StoreError> {
+        let units = self.units_until(&e.name, until).await?;
+        let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).bind(until).fetch_all(p).await?);
         let exposures = rows.into_iter().map(|(v, n)| (v, n as u64)).collect();
         let q = results::moments_sql();
         let moments: Vec<results::MomentRow> =
-            on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).fetch_all(p).await?);
-        Ok(results::assemble(e, &units, &exposures, moments))
+            on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).bind(until).fetch_all(p).await?);
+        let q = results::ratio_sql();
+        let mut ratios = vec![];
+        for (i, r) in e.ratios.iter().enumerate() {
+            let rows: Vec<results::RatioRow> = on_pool!(self, p => sqlx::query_as(&q)
+                .bind(&e.name).bind(until).bind(&r.numerator).bind(&r.denominator).fetch_all(p).await?);
+            ratios.push((i, rows));
+        }
+        Ok(results::assemble(e, &units, &exposures, moments, ratios))
+    }
+
+    /// The results as they stood at up to `points` moments, evenly spaced in units: after every
+    /// k-th unit arrived, and now. Each point is one aggregated results call.
+    pub async fn history(
+        &self,
+        e: &Experiment,
+        points: usize,
+    ) -> Result<Vec<HistoryPoint>, StoreError> {
+        let total: u64 = self.units(&e.name).await?.values().sum();
+        if total == 0 {
+            return Ok(vec![]);
+        }
+        let step = total.div_ceil(points.max(1) as u64).max(1) as i64;
+        let rows: Vec<(i64, f64)> = on_pool!(self, p => sqlx::query_as(results::ARRIVALS).bind(&e.name).bind(f64::MAX).bind(step).fetch_all(p).await?);
+        let mut out: Vec<HistoryPoint> = Vec::with_capacity(rows.len());
+        for (_, at) in rows {
+            if out.last().is_some_and(|p| p.at == at) {
+                continue; // units that arrived at the same instant
+            }
+            let results = self.results_until(e, at).await?;
+            out.push(HistoryPoint {
+                units: results.variants.iter().map(|v| v.units).sum(),
+                at,
+                results,
+            });
+        }
+        Ok(out)
     }
 
     /// Stores the result of a queued job once: `false` when that job id is already stored

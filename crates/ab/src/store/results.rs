@@ -2,17 +2,25 @@
 //! and metric (count, mean, sum of squared deviations, two passes for accuracy), so a results
 //! call moves one row per variant × metric, whatever the traffic. The same SQL runs on SQLite
 //! and PostgreSQL.
+//!
+//! Every statement takes a time cutoff (`$2`, seconds since the epoch): rows recorded after it
+//! are left out, which gives the results as they stood then (the history behind the
+//! dashboard's chart); `f64::MAX` for now.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::adjust::{benjamini_hochberg, holm};
+use crate::bayes::{bayesian, Bayesian};
 use crate::experiment::Experiment;
+use crate::ratio::RatioMoments;
+use crate::sequential::{sequential, Sequential, DEFAULT_TUNING};
 use crate::stats::{from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary};
 
 /// Per unit its variant: the variant of its first non-forced exposure (lowest id).
 const UNIT_VARIANT: &str = "
-    first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit),
+    first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY unit),
     uv AS (SELECT first.unit, x.variant FROM first JOIN exposures x ON x.id = first.id)";
 
 /// Units per variant.
@@ -20,7 +28,7 @@ pub(super) const UNITS: &str = "SELECT uv.variant, COUNT(*) FROM uv GROUP BY uv.
 
 /// Non-forced exposures per variant.
 pub(super) const EXPOSURES: &str =
-    "SELECT variant, COUNT(*) FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY variant";
+    "SELECT variant, COUNT(*) FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY variant";
 
 /// The values the moments are taken of: (variant, metric, v). Automatic metrics come from every
 /// non-forced exposure; outcome metrics are one value per unit (the mean of its events),
@@ -28,15 +36,15 @@ pub(super) const EXPOSURES: &str =
 const VALUES: &str = "
     vals AS (
         SELECT variant, 'latency_ms' AS metric, latency_ms AS v FROM exposures
-            WHERE experiment = $1 AND NOT forced AND latency_ms IS NOT NULL
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND latency_ms IS NOT NULL
         UNION ALL SELECT variant, 'ttft_ms', ttft_ms FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ttft_ms IS NOT NULL
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
         UNION ALL SELECT variant, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
-            WHERE experiment = $1 AND NOT forced AND output_tokens IS NOT NULL
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
         UNION ALL SELECT variant, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
-            WHERE experiment = $1 AND NOT forced
+            WHERE experiment = $1 AND NOT forced AND ts <= $2
         UNION ALL SELECT uv.variant, e.metric, AVG(e.value) FROM events e JOIN uv ON uv.unit = e.unit
-            WHERE e.experiment = $1 GROUP BY uv.variant, e.metric, e.unit
+            WHERE e.experiment = $1 AND e.ts <= $2 GROUP BY uv.variant, e.metric, e.unit
     ),
     m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)";
 
@@ -45,6 +53,56 @@ const MOMENTS: &str = "
     SELECT vals.variant, vals.metric, COUNT(*), MAX(m.mean), SUM((vals.v - m.mean) * (vals.v - m.mean))
     FROM vals JOIN m ON m.variant = vals.variant AND m.metric = vals.metric
     GROUP BY vals.variant, vals.metric";
+
+/// Per unit and metric the sum of its values (automatic metrics over the unit's exposures,
+/// outcome metrics over its events), for the two metrics of a ratio (`$3` / `$4`); per variant
+/// the units' numerators and denominators (0 where a unit has none) in two passes.
+const RATIO: &str = "
+    unit_vals AS (
+        SELECT unit, 'latency_ms' AS metric, latency_ms AS v FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND latency_ms IS NOT NULL
+        UNION ALL SELECT unit, 'ttft_ms', ttft_ms FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
+        UNION ALL SELECT unit, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
+        UNION ALL SELECT unit, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2
+        UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1 AND ts <= $2
+    ),
+    sums AS (SELECT unit, metric, SUM(v) AS s FROM unit_vals WHERE metric = $3 OR metric = $4 GROUP BY unit, metric),
+    pu AS (SELECT uv.variant, COALESCE(a.s, 0.0) AS x, COALESCE(b.s, 0.0) AS y FROM uv
+        LEFT JOIN sums a ON a.unit = uv.unit AND a.metric = $3
+        LEFT JOIN sums b ON b.unit = uv.unit AND b.metric = $4),
+    mu AS (SELECT variant, AVG(x) AS mx, AVG(y) AS my FROM pu GROUP BY variant)
+    SELECT pu.variant, COUNT(*), MAX(mu.mx), MAX(mu.my), SUM((pu.x - mu.mx) * (pu.x - mu.mx)),
+        SUM((pu.y - mu.my) * (pu.y - mu.my)), SUM((pu.x - mu.mx) * (pu.y - mu.my))
+    FROM pu JOIN mu ON mu.variant = pu.variant GROUP BY pu.variant";
+
+/// Every `$3`-th unit's arrival (the time of its first non-forced exposure) and the last one's:
+/// the points of the results' history.
+pub(super) const ARRIVALS: &str = "
+    WITH f AS (SELECT unit, MIN(ts) AS t FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY unit),
+    r AS (SELECT t, ROW_NUMBER() OVER (ORDER BY t, unit) AS k FROM f)
+    SELECT k, t FROM r WHERE k % $3 = 0 OR k = (SELECT COUNT(*) FROM f) ORDER BY k";
+
+pub(super) fn ratio_sql() -> String {
+    format!("WITH {UNIT_VARIANT}, {RATIO}")
+}
+
+/// One row of [`ratio_sql`].
+pub(super) type RatioRow = (String, i64, f64, f64, f64, f64, f64);
+
+pub(super) fn ratio_moments(row: &RatioRow) -> RatioMoments {
+    let (_, n, mx, my, m2x, m2y, cxy) = *row;
+    RatioMoments {
+        n: n as usize,
+        numerator_mean: mx,
+        denominator_mean: my,
+        numerator_m2: m2x,
+        denominator_m2: m2y,
+        co_moment: cxy,
+    }
+}
 
 pub(super) fn units_sql() -> String {
     format!("WITH {UNIT_VARIANT} {UNITS}")
@@ -57,16 +115,47 @@ pub(super) fn moments_sql() -> String {
 /// One row of [`moments_sql`].
 pub(super) type MomentRow = (String, String, i64, f64, f64);
 
+/// The level of every interval: 95%.
+pub const ALPHA: f64 = 0.05;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MetricResult {
     pub summary: Summary,
+    /// Fixed-horizon Welch's t-test against control (valid once, at a planned sample size).
     pub vs_control: Option<Comparison>,
+    /// Always-valid confidence sequence against control (valid at every look).
+    pub sequential: Option<Sequential>,
+    /// GrowthBook's Bayesian read-out: chance to beat control, relative uplift, risk.
+    pub bayesian: Option<Bayesian>,
+    /// p-values adjusted across all comparisons of the experiment (when there is more than one).
+    pub adjusted: Option<Adjusted>,
+    /// For a ratio metric: its definition and the per-unit means of numerator and denominator.
+    pub ratio: Option<RatioParts>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Adjusted {
+    /// Welch's p-value, Holm–Bonferroni adjusted (family-wise error rate).
+    pub holm: f64,
+    /// Welch's p-value, Benjamini–Hochberg adjusted (false discovery rate).
+    pub bh: f64,
+    /// The always-valid p-value, Holm–Bonferroni adjusted.
+    pub sequential_holm: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RatioParts {
+    pub numerator: String,
+    pub denominator: String,
+    pub numerator_mean: f64,
+    pub denominator_mean: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantResult {
     pub id: String,
     pub is_control: bool,
+    pub weight: f64,
     pub units: u64,
     pub exposures: u64,
     pub metrics: BTreeMap<String, MetricResult>,
@@ -76,8 +165,23 @@ pub struct VariantResult {
 pub struct Results {
     pub experiment: String,
     pub control: String,
+    pub alpha: f64,
+    /// The sequential tuning parameter in use (total units where the sequence is tightest).
+    pub sequential_tuning: f64,
+    /// How many variant × metric comparisons with control were made (the family adjusted).
+    pub comparisons: usize,
     pub srm: Option<SrmCheck>,
     pub variants: Vec<VariantResult>,
+}
+
+/// One point of an experiment's history: the results as they stood when `units` units had
+/// arrived.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryPoint {
+    pub units: u64,
+    /// Seconds since the Unix epoch.
+    pub at: f64,
+    pub results: Results,
 }
 
 /// Per-variant results with statistics against the control, from the aggregates.
@@ -86,53 +190,118 @@ pub(super) fn assemble(
     units: &BTreeMap<String, u64>,
     exposures: &BTreeMap<String, u64>,
     moments: Vec<MomentRow>,
+    ratios: Vec<(usize, Vec<RatioRow>)>,
 ) -> Results {
-    let mut by_metric: BTreeMap<String, BTreeMap<String, Summary>> = BTreeMap::new();
+    let mut by_metric: BTreeMap<String, BTreeMap<String, (Summary, Option<RatioParts>)>> =
+        BTreeMap::new();
     for (variant, metric, n, mean, m2) in moments {
         by_metric
             .entry(metric)
             .or_default()
-            .insert(variant, from_moments(n as usize, mean, m2));
+            .insert(variant, (from_moments(n as usize, mean, m2), None));
+    }
+    for (i, rows) in ratios {
+        let def = &e.ratios[i];
+        let entry = by_metric.entry(def.name.clone()).or_default();
+        for row in rows {
+            let m = ratio_moments(&row);
+            let parts = RatioParts {
+                numerator: def.numerator.clone(),
+                denominator: def.denominator.clone(),
+                numerator_mean: m.numerator_mean,
+                denominator_mean: m.denominator_mean,
+            };
+            entry.insert(row.0.clone(), (m.summary(), Some(parts)));
+        }
     }
     let control = &e.variants[e.control_index()].id;
-    let empty = from_moments(0, f64::NAN, f64::NAN);
-    let variants = e
+    let tuning = e.sequential_tuning.unwrap_or(DEFAULT_TUNING);
+    let empty = (from_moments(0, f64::NAN, f64::NAN), None);
+    let weights = e.weights();
+    let mut variants = e
         .variants
         .iter()
-        .map(|v| {
+        .zip(&weights)
+        .map(|(v, &weight)| {
             let metrics = by_metric
                 .iter()
                 .map(|(m, by_variant)| {
-                    let xs = by_variant.get(&v.id).unwrap_or(&empty);
-                    let cs = by_variant.get(control).unwrap_or(&empty);
-                    let vs_control = if &v.id == control {
-                        None
-                    } else {
-                        welch_summaries(cs, xs)
-                    };
-                    (
-                        m.clone(),
-                        MetricResult {
-                            summary: *xs,
-                            vs_control,
+                    let (xs, ratio) = by_variant.get(&v.id).unwrap_or(&empty);
+                    let (cs, _) = by_variant.get(control).unwrap_or(&empty);
+                    let treated = &v.id != control;
+                    let result = MetricResult {
+                        summary: *xs,
+                        vs_control: if treated {
+                            welch_summaries(cs, xs)
+                        } else {
+                            None
                         },
-                    )
+                        sequential: if treated {
+                            sequential(cs, xs, ALPHA, tuning)
+                        } else {
+                            None
+                        },
+                        bayesian: if treated {
+                            bayesian(cs, xs, ALPHA)
+                        } else {
+                            None
+                        },
+                        adjusted: None,
+                        ratio: ratio.clone(),
+                    };
+                    (m.clone(), result)
                 })
                 .collect();
             VariantResult {
                 id: v.id.clone(),
                 is_control: &v.id == control,
+                weight,
                 units: units.get(&v.id).copied().unwrap_or(0),
                 exposures: exposures.get(&v.id).copied().unwrap_or(0),
                 metrics,
             }
         })
         .collect::<Vec<_>>();
+    let comparisons = adjust_all(&mut variants);
     let observed: Vec<u64> = variants.iter().map(|v| v.units).collect();
     Results {
         experiment: e.name.clone(),
         control: control.clone(),
-        srm: srm(&observed, &e.weights()),
+        alpha: ALPHA,
+        sequential_tuning: tuning,
+        comparisons,
+        srm: srm(&observed, &weights),
         variants,
     }
+}
+
+/// Fills `adjusted` of every comparison when there is more than one; returns how many there are.
+fn adjust_all(variants: &mut [VariantResult]) -> usize {
+    let mut welch_p = vec![];
+    let mut seq_p = vec![];
+    for v in variants.iter() {
+        for r in v.metrics.values() {
+            if let Some(c) = &r.vs_control {
+                welch_p.push(c.p_value);
+                seq_p.push(r.sequential.map(|s| s.p_value).unwrap_or(f64::NAN));
+            }
+        }
+    }
+    if welch_p.len() > 1 {
+        let (holm_p, bh_p, seq_holm) = (holm(&welch_p), benjamini_hochberg(&welch_p), holm(&seq_p));
+        let mut i = 0;
+        for v in variants.iter_mut() {
+            for r in v.metrics.values_mut() {
+                if r.vs_control.is_some() {
+                    r.adjusted = Some(Adjusted {
+                        holm: holm_p[i],
+                        bh: bh_p[i],
+                        sequential_holm: seq_holm[i],
+                    });
+                    i += 1;
+                }
+            }
+        }
+    }
+    welch_p.len()
 }

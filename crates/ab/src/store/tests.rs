@@ -58,6 +58,7 @@ on_both!(
     sql_aggregates_equal_the_statistics_of_every_value,
     a_batch_retried_concurrently_through_another_connection_is_stored_once,
     job_results_are_stored_once_per_job,
+    ratio_metrics_history_and_adjustments_come_from_the_database,
 );
 
 async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fresh) {
@@ -211,6 +212,95 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
     let want = crate::stats::welch(&scores["a"], &scores["b"]).unwrap();
     let got = r.variants[1].metrics["score"].vs_control.unwrap();
     assert!((got.p_value - want.p_value).abs() < 1e-9 && (got.diff - want.diff).abs() < 1e-9);
+}
+
+/// A ratio metric's aggregates equal the delta method on every unit's sums; the history ends
+/// at the current results; several comparisons get adjusted p-values.
+async fn ratio_metrics_history_and_adjustments_come_from_the_database(f: &Fresh) {
+    let mut e = exp();
+    e.ratios.push(crate::experiment::RatioMetric {
+        name: "tokens_per_success".into(),
+        numerator: "output_tokens".into(),
+        denominator: "success".into(),
+    });
+    e.variants.push(e.variants[1].clone());
+    e.variants[2].id = "c".into();
+    let s = f.store().await;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let mut pairs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for i in 0..240 {
+        let v = ["a", "b", "c"][i % 3];
+        let unit = format!("u{i}");
+        let mut tokens = 0.0;
+        for _ in 0..rng.gen_range(1..3) {
+            let mut x = exposure(v, &unit, 100.0);
+            let t = rng.gen_range(5..50);
+            x.output_tokens = Some(t);
+            tokens += t as f64;
+            s.record_exposure("aa", &x).await.unwrap();
+        }
+        // some units never succeed (denominator 0), some twice
+        let successes = rng.gen_range(0..3);
+        let evs: Vec<_> = (0..successes)
+            .map(|_| event(&unit, "success", 1.0))
+            .collect();
+        if !evs.is_empty() {
+            s.record_events("aa", None, &evs).await.unwrap();
+        }
+        pairs.entry(v).or_default().push((tokens, successes as f64));
+    }
+    let r = s.results(&e).await.unwrap();
+    for (i, v) in ["a", "b", "c"].iter().enumerate() {
+        let got = &r.variants[i].metrics["tokens_per_success"];
+        let want = crate::ratio::RatioMoments::of(&pairs[v]).summary();
+        assert_eq!(got.summary.n, want.n);
+        for (g, w) in [(got.summary.mean, want.mean), (got.summary.sd, want.sd)] {
+            assert!(
+                (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+                "ratio {v}: {g} vs {w}"
+            );
+        }
+        assert_eq!(got.ratio.as_ref().unwrap().denominator, "success");
+        if i > 0 {
+            let want_p = crate::stats::welch_summaries(
+                &crate::ratio::RatioMoments::of(&pairs["a"]).summary(),
+                &want,
+            )
+            .unwrap()
+            .p_value;
+            assert!((got.vs_control.unwrap().p_value - want_p).abs() < 1e-9);
+            assert!(got.sequential.is_some() && got.bayesian.is_some());
+            let adj = got.adjusted.expect("several comparisons are adjusted");
+            assert!(
+                adj.holm >= got.vs_control.unwrap().p_value
+                    && adj.bh >= got.vs_control.unwrap().p_value
+            );
+        }
+    }
+    // 2 treatments x (output_tokens, tokens_per_success); latency, ttft, error and success
+    // (1.0 per unit that has it) are constant, so they cannot be compared
+    assert_eq!(r.comparisons, 4);
+    assert!(
+        r.variants[1].metrics["latency_ms"].vs_control.is_none()
+            && r.variants[1].metrics["latency_ms"].adjusted.is_none()
+    );
+    let h = s.history(&e, 6).await.unwrap();
+    assert!(h.len() >= 6 && h.len() <= 8, "{} points", h.len());
+    assert!(h
+        .windows(2)
+        .all(|w| w[0].units < w[1].units && w[0].at < w[1].at));
+    let last = h.last().unwrap();
+    assert_eq!(last.units, 240);
+    assert_eq!(
+        last.results.variants[1].metrics["tokens_per_success"]
+            .summary
+            .mean,
+        r.variants[1].metrics["tokens_per_success"].summary.mean
+    );
+    assert!(
+        h[0].units < 240
+            && h[0].results.variants.iter().map(|v| v.units).sum::<u64>() == h[0].units
+    );
 }
 
 async fn a_batch_retried_concurrently_through_another_connection_is_stored_once(f: &Fresh) {

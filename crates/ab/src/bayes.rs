@@ -1,0 +1,70 @@
+//! GrowthBook's Bayesian read-out of a variant against control (`gbstats`'
+//! `EffectBayesianABTest`, relative effect, its default flat prior): the posterior of the
+//! relative uplift (treatment − control) / control is Normal with the delta-method mean and
+//! variance below, and from it
+//!
+//! - **chance to beat control**: P(uplift > 0);
+//! - the (1 − α) **credible interval** of the uplift;
+//! - **risk** (expected loss), per choice: choosing control loses E[max(uplift, 0)], choosing
+//!   the treatment loses E[max(−uplift, 0)], both relative to control's mean.
+//!
+//! ```text
+//! uplift mean     = (m_t − m_c) / m_c
+//! uplift variance = v_t / (m_c² n_t) + v_c m_t² / (m_c⁴ n_c)
+//! ```
+//!
+//! Checked against gbstats on committed fixtures. "Higher is better" is assumed; for metrics
+//! where lower is better (latency, errors) read the chance to beat control as 1 − the value
+//! and swap the two risks, as GrowthBook does for inverse metrics.
+
+use serde::Serialize;
+use statrs::distribution::{Continuous, ContinuousCDF, Normal};
+
+use crate::stats::Summary;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bayesian {
+    /// P(treatment's mean > control's mean).
+    pub chance_to_beat_control: f64,
+    /// Posterior mean of the relative uplift (treatment − control) / control.
+    pub uplift: f64,
+    pub uplift_sd: f64,
+    /// (1 − α) credible interval of the relative uplift.
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// Expected relative loss of shipping control (what the treatment would have gained).
+    pub risk_control: f64,
+    /// Expected relative loss of shipping the treatment.
+    pub risk_treatment: f64,
+}
+
+/// `None` without units and variance in both groups, or when control's mean is 0 (a relative
+/// uplift is then undefined).
+pub fn bayesian(c: &Summary, t: &Summary, alpha: f64) -> Option<Bayesian> {
+    if c.n < 2 || t.n < 2 || c.mean == 0.0 || !c.mean.is_finite() || !t.mean.is_finite() {
+        return None;
+    }
+    let (vc, vt) = (c.sd.powi(2), t.sd.powi(2));
+    if !(vc > 0.0 && vt > 0.0) {
+        return None;
+    }
+    let mu = (t.mean - c.mean) / c.mean;
+    let var =
+        vt / (c.mean.powi(2) * t.n as f64) + vc * t.mean.powi(2) / (c.mean.powi(4) * c.n as f64);
+    let s = var.sqrt();
+    let z = Normal::new(0.0, 1.0).ok()?;
+    let q = z.inverse_cdf(1.0 - alpha / 2.0);
+    let k = mu / s;
+    // E[max(X, 0)] and E[max(−X, 0)] of X ~ N(mu, s²), in closed form
+    let gain = mu * z.cdf(k) + s * z.pdf(k);
+    let loss = s * z.pdf(k) - mu * z.cdf(-k);
+    Some(Bayesian {
+        chance_to_beat_control: z.cdf(k),
+        uplift: mu,
+        uplift_sd: s,
+        ci_low: mu - q * s,
+        ci_high: mu + q * s,
+        risk_control: gain,
+        risk_treatment: loss,
+    })
+}
