@@ -45,7 +45,7 @@ pub use stats::{
 };
 pub use store::{
     url_without_password, Adjusted, Backend, Exposure, HistoryPoint, Location, MetricResult,
-    OutcomeEvent, RatioParts, Results, Store, StoreCondition, StoreError, VariantResult, ALPHA,
-    CHANNEL,
+    OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError,
+    VariantResult, ALPHA, CHANNEL,
 };
 pub use variant::{Message, Sampling, VariantError};

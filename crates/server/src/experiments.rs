@@ -31,6 +31,14 @@ fn ab(state: &AppState) -> Result<&AbState, ApiError> {
         .ok_or_else(|| ApiError::not_found("Experiments are not enabled on this server."))
 }
 
+/// The A/B layer and the named experiment, or 404.
+pub fn ab_and_experiment<'a>(
+    state: &'a AppState,
+    name: &str,
+) -> Result<(&'a AbState, Experiment), ApiError> {
+    Ok((ab(state)?, find(state, name)?))
+}
+
 fn find(state: &AppState, name: &str) -> Result<Experiment, ApiError> {
     ab(state)?
         .get(name)

@@ -3,12 +3,14 @@
 //!
 //! Request path: [`routes`](crate::routes) → validation (`validate`) → routing to an experiment's
 //! variant (`experiments`) → admission (`state`) → the engine → a whole or streamed response
-//! (`api`) → the exposure. See docs/architecture.md.
+//! (`api`) → the exposure. See docs/architecture.md. The experiment dashboard (`dashboard`) is
+//! served at `/` from assets embedded in the binary.
 
 mod abstate;
 mod api;
 mod auth;
 mod backend;
+mod dashboard;
 mod error;
 mod experiments;
 mod health;

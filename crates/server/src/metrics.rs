@@ -365,6 +365,11 @@ impl Metrics {
         Ok(buf)
     }
 
+    /// Per experiment: KV cells its running sequences hold now, and at most so far.
+    pub fn experiment_kv(&self) -> Vec<(String, u64, u64)> {
+        self.stats.groups()
+    }
+
     pub fn count(&self, endpoint: &str, status: u16) {
         self.requests_total
             .with_label_values(&[endpoint, &status.to_string()])

@@ -16,7 +16,7 @@ use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::OpenApi;
 
-use crate::{api, experiments, health};
+use crate::{api, dashboard, experiments, health};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,6 +36,9 @@ use crate::{api, experiments, health};
         experiments::fanout,
         experiments::events,
         experiments::results,
+        dashboard::engine,
+        dashboard::history,
+        dashboard::exposures,
         health::health,
         health::ready,
         health::metrics,

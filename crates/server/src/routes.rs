@@ -8,6 +8,9 @@
 //! Cross-site safety: a `POST`/`PUT` to `/v1` must say `Content-Type: application/json` (else
 //! 415), which makes every cross-site write a CORS-preflighted request; CORS is off unless
 //! `--cors-origin` names origins, so a web page elsewhere cannot write even without an API key.
+//!
+//! The dashboard's page and assets (`/`, `/dashboard/*`) carry no data and need no key; the
+//! data they show comes from `/v1`, behind it.
 
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{api, auth, experiments, health, openapi};
+use crate::{api, auth, dashboard, experiments, health, openapi};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.body_limit;
@@ -42,11 +45,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/experiments/{name}/fanout", post(experiments::fanout))
         .route("/experiments/{name}/events", post(experiments::events))
         .route("/experiments/{name}/results", get(experiments::results))
+        .route("/experiments/{name}/history", get(dashboard::history))
+        .route("/experiments/{name}/exposures", get(dashboard::exposures))
+        .route("/engine", get(dashboard::engine))
         .route_layer(from_fn(require_json))
         .route_layer(from_fn_with_state(state.clone(), auth::require_key));
     let fallback_state = state.clone();
     let mut app = Router::new()
         .nest("/v1", v1)
+        .route("/", get(dashboard::index))
+        .route("/dashboard/app.js", get(dashboard::script))
+        .route("/dashboard/app.css", get(dashboard::style))
+        .route("/dashboard/config.json", get(dashboard::config))
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))
@@ -86,11 +96,16 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
 
 /// The metrics label of a route template: `/v1/experiments/{name}/events` → `experiments_name_events`.
 fn label(template: &str) -> String {
-    template
+    let l = template
         .trim_start_matches("/v1")
         .trim_start_matches('/')
-        .replace('/', "_")
-        .replace(['{', '}'], "")
+        .replace(['/', '.'], "_")
+        .replace(['{', '}'], "");
+    if l.is_empty() {
+        "dashboard".into()
+    } else {
+        l
+    }
 }
 
 /// Counts a matched request under its route template.

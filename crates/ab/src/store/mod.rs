@@ -60,6 +60,14 @@ pub struct Exposure {
     pub error: Option<String>,
 }
 
+/// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RecordedExposure {
+    pub at: f64,
+    #[serde(flatten)]
+    pub exposure: Exposure,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
@@ -280,6 +288,47 @@ impl Store {
         Ok(())
     }
 
+    /// The latest `limit` exposures, newest first (forced ones too, marked). No prompt text is
+    /// ever stored, so none can be shown.
+    pub async fn recent_exposures(
+        &self,
+        experiment: &str,
+        limit: u32,
+    ) -> Result<Vec<RecordedExposure>, StoreError> {
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error FROM exposures
+                 WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
+        type Row = (
+            f64,
+            String,
+            String,
+            bool,
+            Option<f64>,
+            Option<f64>,
+            Option<i64>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = on_pool!(self, p => sqlx::query_as(q).bind(experiment).bind(limit as i64).fetch_all(p).await?);
+        Ok(rows
+            .into_iter()
+            .map(
+                |(at, variant, unit, forced, latency_ms, ttft_ms, tokens, error)| {
+                    RecordedExposure {
+                        at,
+                        exposure: Exposure {
+                            variant,
+                            unit,
+                            forced,
+                            latency_ms,
+                            ttft_ms,
+                            output_tokens: tokens.map(|t| t.max(0) as u64),
+                            error,
+                        },
+                    }
+                },
+            )
+            .collect())
+    }
+
     /// Stores a batch atomically. Returns how many events were stored: 0 when `batch_id` was
     /// already stored (a retry, through this replica or another).
     pub async fn record_events(
@@ -337,7 +386,8 @@ impl Store {
         self.results_until(e, f64::MAX).await
     }
 
-    /// The results from what was recorded up to `until` (seconds since the epoch).
+    /// The results over the units that had arrived by `until` (seconds since the epoch): their
+    /// exposures up to then and all their events.
     pub async fn results_until(&self, e: &Experiment, until: f64) -> Result<Results, StoreError> {
         let units = self.units_until(&e.name, until).await?;
         let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).bind(until).fetch_all(p).await?);
@@ -355,8 +405,8 @@ impl Store {
         Ok(results::assemble(e, &units, &exposures, moments, ratios))
     }
 
-    /// The results as they stood at up to `points` moments, evenly spaced in units: after every
-    /// k-th unit arrived, and now. Each point is one aggregated results call.
+    /// The results over the first k, 2k, … units and over all of them (up to `points` points,
+    /// evenly spaced in units). Each point is one aggregated results call.
     pub async fn history(
         &self,
         e: &Experiment,

@@ -3,9 +3,10 @@
 //! call moves one row per variant × metric, whatever the traffic. The same SQL runs on SQLite
 //! and PostgreSQL.
 //!
-//! Every statement takes a time cutoff (`$2`, seconds since the epoch): rows recorded after it
-//! are left out, which gives the results as they stood then (the history behind the
-//! dashboard's chart); `f64::MAX` for now.
+//! Every statement takes a time cutoff (`$2`, seconds since the epoch): exposures recorded after
+//! it are left out, so only the units that had arrived by then count, each with every outcome
+//! event known for it now (events usually come after the exposure). That gives the results over
+//! the first k units, the history behind the dashboard's chart; `f64::MAX` for all of them.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +45,7 @@ const VALUES: &str = "
         UNION ALL SELECT variant, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
             WHERE experiment = $1 AND NOT forced AND ts <= $2
         UNION ALL SELECT uv.variant, e.metric, AVG(e.value) FROM events e JOIN uv ON uv.unit = e.unit
-            WHERE e.experiment = $1 AND e.ts <= $2 GROUP BY uv.variant, e.metric, e.unit
+            WHERE e.experiment = $1 GROUP BY uv.variant, e.metric, e.unit
     ),
     m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)";
 
@@ -67,7 +68,7 @@ const RATIO: &str = "
             WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
         UNION ALL SELECT unit, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
             WHERE experiment = $1 AND NOT forced AND ts <= $2
-        UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1 AND ts <= $2
+        UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1
     ),
     sums AS (SELECT unit, metric, SUM(v) AS s FROM unit_vals WHERE metric = $3 OR metric = $4 GROUP BY unit, metric),
     pu AS (SELECT uv.variant, COALESCE(a.s, 0.0) AS x, COALESCE(b.s, 0.0) AS y FROM uv
@@ -174,8 +175,8 @@ pub struct Results {
     pub variants: Vec<VariantResult>,
 }
 
-/// One point of an experiment's history: the results as they stood when `units` units had
-/// arrived.
+/// One point of an experiment's history: the results over the first `units` units (those that
+/// had arrived by `at`), with every event known for them.
 #[derive(Debug, Clone, Serialize)]
 pub struct HistoryPoint {
     pub units: u64,

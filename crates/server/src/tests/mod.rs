@@ -649,6 +649,9 @@ async fn the_openapi_document_lists_every_route_with_its_error_answers() {
         "/v1/experiments/{name}/fanout",
         "/v1/experiments/{name}/events",
         "/v1/experiments/{name}/results",
+        "/v1/experiments/{name}/history",
+        "/v1/experiments/{name}/exposures",
+        "/v1/engine",
         "/health",
         "/ready",
         "/metrics",
@@ -731,4 +734,89 @@ async fn ready_and_metrics_watch_the_device() {
     ] {
         assert!(text.contains(&n.to_string()), "{n} missing from {text}");
     }
+}
+
+/// The dashboard: its page and assets are embedded and locked down by a CSP; the JSON it reads
+/// (engine state, history, recent exposures) follows the traffic and checks its parameters.
+#[tokio::test]
+async fn the_dashboard_is_served_with_its_data_routes() {
+    let a = app(Some(EXPERIMENT)).await;
+    let (s, h, page) = a.call("GET", "/", None, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(h["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(h["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("script-src 'self'"));
+    let page = String::from_utf8(page).unwrap();
+    assert!(
+        page.contains("/dashboard/app.js")
+            && !page.contains("http://")
+            && !page.contains("https://"),
+        "no CDN"
+    );
+    for (path, ty) in [
+        ("/dashboard/app.js", "text/javascript"),
+        ("/dashboard/app.css", "text/css"),
+    ] {
+        let (s, h, body) = a.call("GET", path, None, &[]).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+        assert!(h["content-type"].to_str().unwrap().starts_with(ty) && !body.is_empty());
+    }
+    let (_, _, cfg) = a.call("GET", "/dashboard/config.json", None, &[]).await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&cfg).unwrap(),
+        json!({"auth_required": false})
+    );
+    for team in ["t1", "t2", "t3", "t4"] {
+        let (s, _, _) = a
+            .post("/v1/chat/completions", json!({"model": "experiment:greet", "messages": [{"role": "user", "content": "hi"}], "metadata": {"team": team}}))
+            .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let get = |path: &'static str| {
+        let a = &a;
+        async move {
+            let (s, _, b) = a.call("GET", path, None, &[]).await;
+            (s, serde_json::from_slice::<Value>(&b).unwrap())
+        }
+    };
+    let (s, e) = get("/v1/engine").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(e["model"], "fake");
+    assert!(
+        e["generated_tokens"].is_u64()
+            && e["alive"] == true
+            && e["running"].is_u64()
+            && e["waiting"].is_u64()
+    );
+    assert_eq!(
+        e["kv"]["total"].as_u64().unwrap(),
+        e["kv"]["used"].as_u64().unwrap()
+            + e["kv"]["cached"].as_u64().unwrap()
+            + e["kv"]["free"].as_u64().unwrap()
+    );
+    assert!(e["memory"]["planned_bytes"].as_u64().unwrap() > 0);
+    let (s, hist) = get("/v1/experiments/greet/history?points=2").await;
+    assert_eq!(s, StatusCode::OK);
+    let points = hist["points"].as_array().unwrap();
+    assert_eq!(points.last().unwrap()["units"], 4);
+    assert!(points.len() >= 2 && points[0]["units"].as_u64().unwrap() < 4);
+    let (s, x) = get("/v1/experiments/greet/exposures?limit=3").await;
+    assert_eq!(s, StatusCode::OK);
+    let x = x["exposures"].as_array().unwrap();
+    assert_eq!(x.len(), 3);
+    assert_eq!(x[0]["unit"], "t4", "newest first");
+    assert!(x[0].get("prompt").is_none());
+    for bad in [
+        "/v1/experiments/greet/history?points=0",
+        "/v1/experiments/greet/history?points=101",
+        "/v1/experiments/greet/exposures?limit=0",
+    ] {
+        assert_eq!(get(bad).await.0, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert_eq!(
+        get("/v1/experiments/nobody/history").await.0,
+        StatusCode::NOT_FOUND
+    );
 }
