@@ -98,7 +98,7 @@ def test_dashboard_end_to_end(srv):
         page.fill("#api-key", KEY)
         page.click("#key-form button")
         rows = page.locator("#experiments tbody tr")
-        expect(rows).to_have_count(2)
+        expect(rows).to_have_count(2)  # tone, length
         expect(page.locator('tr[data-experiment="tone"] td[data-k="units"]')).to_have_text("60")
         page.screenshot(path=str(shots / "dashboard-list-desktop.png"), full_page=True)
 
@@ -173,6 +173,12 @@ def test_dashboard_end_to_end(srv):
         page.reload()
         expect(page.locator("#exposures tbody tr")).to_have_count(1)
         expect(page.locator("#exposures tbody tr")).to_contain_text("u-form")
+        # a pasted TOML definition, as in experiments files
+        page.goto(srv.base + "/#/new")
+        page.fill("#definition", 'name = "pasted"\n[[variants]]\nid = "a"\n[[variants]]\nid = "b"\nweight = 2\n')
+        page.click("#paste-form button")
+        expect(page.locator("h1")).to_contain_text("pasted")
+        assert [v["weight"] for v in api(srv, "GET", "/v1/experiments/pasted").json()["variants"]] == [1, 2]
         # a bad definition gets the API's reason on the page
         page.goto(srv.base + "/#/new")
         page.fill("#definition", '{"name": "bad", "variants": [{"id": "only"}]}')

@@ -319,6 +319,25 @@ pub fn parse_file(text: &str) -> Result<Vec<Experiment>, Invalid> {
     Ok(f.experiment)
 }
 
+/// Parses and validates one experiment from TOML: its table's fields at the top level, or a
+/// file with exactly one `[[experiment]]`.
+pub fn parse_one(text: &str) -> Result<Experiment, Invalid> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| Invalid(format!("TOML: {e}")))?;
+    if table.contains_key("experiment") {
+        let mut all = parse_file(text)?;
+        if all.len() != 1 {
+            return Err(Invalid(format!(
+                "expected one [[experiment]], found {}",
+                all.len()
+            )));
+        }
+        return Ok(all.remove(0));
+    }
+    let e: Experiment = toml::from_str(text).map_err(|e| Invalid(format!("TOML: {e}")))?;
+    e.validate()?;
+    Ok(e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +381,21 @@ system = "Be warm and friendly."
         )
         .unwrap_err();
         assert!(long.contains("fuel"), "{long}");
+    }
+
+    #[test]
+    fn one_experiment_parses_from_its_table_or_a_file_of_one() {
+        let file = parse_one(GOOD).unwrap();
+        let table = parse_one(
+            &GOOD
+                .replace("[[experiment]]\n", "")
+                .replace("[[experiment.variants]]", "[[variants]]"),
+        )
+        .unwrap();
+        assert_eq!(file, table);
+        let two = format!("{GOOD}\n{}", GOOD.replace("support-tone", "other"));
+        assert!(parse_one(&two).unwrap_err().0.contains("expected one"));
+        assert!(parse_one("name = ").unwrap_err().0.starts_with("TOML"));
     }
 
     #[test]

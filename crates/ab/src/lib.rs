@@ -31,8 +31,8 @@ pub use adjust::{benjamini_hochberg, holm};
 pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
 pub use bayes::{bayesian, Bayesian};
 pub use experiment::{
-    parse_file, render, render_row, template_fields, Experiment, ExperimentFile, Invalid,
-    RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
+    parse_file, parse_one, render, render_row, template_fields, Experiment, ExperimentFile,
+    Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
 };
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,

@@ -51,7 +51,7 @@ async function api(path, opts = {}) {
   const headers = { Accept: 'application/json' };
   const key = sessionStorage.getItem(KEY);
   if (key) headers.Authorization = 'Bearer ' + key;
-  if (opts.body !== undefined) headers['Content-Type'] = 'application/json';
+  if (opts.body !== undefined) headers['Content-Type'] = opts.type || 'application/json';
   const r = await fetch(path, { method: opts.method || 'GET', headers, body: opts.body });
   const text = await r.text();
   let body = null;
@@ -381,9 +381,9 @@ function fromForm(form) {
   return e;
 }
 
-async function create(def, msg) {
+async function create(def, msg, type) {
   try {
-    const made = await api('/v1/experiments', { method: 'POST', body: JSON.stringify(def) });
+    const made = await api('/v1/experiments', { method: 'POST', body: type ? def : JSON.stringify(def), type });
     location.hash = '#/e/' + encodeURIComponent(made.name);
   } catch (err) { msg.replaceChildren(h('p', { class: 'failure', role: 'alert' }, err.message)); }
 }
@@ -400,14 +400,19 @@ function newPage() {
     h('div', { class: 'row' },
       h('button', { type: 'button', class: 'secondary', on: { click: () => variants.append(variantFields(variants.children.length)) } }, 'Add variant'),
       h('button', { type: 'submit' }, 'Create experiment')));
-  const text = h('textarea', { id: 'definition', 'aria-label': 'experiment definition as JSON', spellcheck: 'false' },
-    JSON.stringify({ name: 'my-experiment', variants: [{ id: 'control', system: 'Be brief.' }, { id: 'friendly', system: 'Be warm.' }] }, null, 2));
+  const text = h('textarea', { id: 'definition', 'aria-label': 'experiment definition, TOML or JSON', spellcheck: 'false' },
+    'name = "my-experiment"\n\n[[variants]]\nid = "control"\nsystem = "Be brief."\n\n[[variants]]\nid = "friendly"\nsystem = "Be warm."\n');
   const pasted = h('form', { id: 'paste-form', class: 'card', on: { submit: (ev) => {
     ev.preventDefault();
-    let def;
-    try { def = JSON.parse(text.value); } catch (err) { msg.replaceChildren(h('p', { class: 'failure', role: 'alert' }, 'Not JSON: ' + err.message)); return; }
-    create(def, msg);
-  } } }, h('h2', {}, 'Or paste a definition (JSON, as the API takes it)'), text, h('button', { type: 'submit' }, 'Create from JSON'));
+    // JSON starts with '{'; anything else goes to the server as TOML, which checks it
+    if (text.value.trim().startsWith('{')) {
+      let def;
+      try { def = JSON.parse(text.value); } catch (err) { msg.replaceChildren(h('p', { class: 'failure', role: 'alert' }, 'Not JSON: ' + err.message)); return; }
+      create(def, msg);
+    } else {
+      create(text.value, msg, 'application/toml');
+    }
+  } } }, h('h2', {}, 'Or paste a definition (TOML as in experiments files, or JSON)'), text, h('button', { type: 'submit' }, 'Create from definition'));
   main().replaceChildren(h('h1', {}, 'New experiment'),
     h('p', { class: 'muted' }, 'Checked by the same rules as POST /v1/experiments: the server validates names, weights and templates.'),
     msg, form, pasted);

@@ -13,7 +13,7 @@ use abserve_engine::{Request, SamplingParams};
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -45,12 +45,34 @@ fn find(state: &AppState, name: &str) -> Result<Experiment, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("No experiment named '{name}'.")))
 }
 
-/// An experiment from a request body, checked as the API checks requests (every variant as
-/// the request it will produce), on the blocking pool: its templates are rendered.
-async fn parse_experiment(state: &Arc<AppState>, body: Bytes) -> Result<Experiment, ApiError> {
+/// An experiment from a request body (JSON, or TOML when the body says `application/toml`: one
+/// experiment's table, or a file with one `[[experiment]]`), checked as the API checks requests
+/// (every variant as the request it will produce), on the blocking pool: its templates are
+/// rendered.
+async fn parse_experiment(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Experiment, ApiError> {
+    let toml = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("application/toml")
+        });
     state
         .prepare(move |st| {
-            let e: Experiment = crate::validate::parse_body(&body)?;
+            let e: Experiment = if toml {
+                let text = std::str::from_utf8(&body)
+                    .map_err(|_| ApiError::bad_request("The TOML body is not UTF-8."))?;
+                abserve_ab::parse_one(text).map_err(|e| ApiError::bad_request(e.0))?
+            } else {
+                crate::validate::parse_body(&body)?
+            };
             e.validate().map_err(|e| ApiError::bad_request(e.0))?;
             for v in &e.variants {
                 crate::validate::variant(v, st.engine.plan().context)?;
@@ -68,14 +90,19 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiErr
     Ok(Json(List::new(all)).into_response())
 }
 
-/// Creates an experiment (TOML's fields as JSON; every variant checked as the request it will produce).
+/// Creates an experiment (TOML's fields as JSON, or TOML itself as `application/toml`; every
+/// variant checked as the request it will produce).
 #[utoipa::path(post, path = "/v1/experiments", request_body = Object, responses(
     (status = 201, description = "the experiment as stored", body = Object),
     (status = 409, description = "an experiment of that name exists", body = abserve_protocol::wire::ErrorBody)
 ))]
-pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
-    let e = parse_experiment(&state, body).await?;
+    let e = parse_experiment(&state, &headers, body).await?;
     // the store decides (one INSERT that fails on conflict): of two concurrent creates of one
     // name exactly one gets 201
     if !ab
@@ -109,10 +136,11 @@ pub async fn get(
 pub async fn put(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let ab = ab(&state)?;
-    let e = parse_experiment(&state, body).await?;
+    let e = parse_experiment(&state, &headers, body).await?;
     if e.name != name {
         return Err(ApiError::invalid_param(
             "name",

@@ -124,16 +124,24 @@ async fn count(
 }
 
 /// `POST`/`PUT` bodies must be declared as JSON (a `text/plain` form post from another site is
-/// refused before it is read).
+/// refused before it is read); an experiment definition may also be `application/toml`, which no
+/// cross-site form can send either.
 async fn require_json(req: Request, next: Next) -> Response {
     if matches!(*req.method(), Method::POST | Method::PUT) {
-        let json = req
+        let media = req
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
-            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
+            .map(|m| m.trim().to_ascii_lowercase())
+            .unwrap_or_default();
+        let experiment_write = req
+            .uri()
+            .path()
+            .trim_end_matches('/')
+            .ends_with("/experiments")
+            || (req.method() == Method::PUT && req.uri().path().contains("/experiments/"));
+        if !(media == "application/json" || (media == "application/toml" && experiment_write)) {
             return ApiError::unsupported_media_type().into_response();
         }
     }

@@ -820,3 +820,59 @@ async fn the_dashboard_is_served_with_its_data_routes() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// An experiment may be written as TOML (`application/toml`), checked by the same rules; other
+/// routes still take JSON only.
+#[tokio::test]
+async fn experiments_are_created_from_toml_by_the_same_rules() {
+    let a = app(Some(EXPERIMENT)).await;
+    let toml = "name = \"from-toml\"\n[[variants]]\nid = \"a\"\nsystem = \"Be brief.\"\n[[variants]]\nid = \"b\"\n";
+    let send = |method: &'static str, path: &'static str, body: &'static str, ty: &'static str| {
+        let a = &a;
+        async move {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("content-type", ty)
+                .body(Body::from(body))
+                .unwrap();
+            let resp = a.router.clone().oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, String::from_utf8_lossy(&bytes).to_string())
+        }
+    };
+    let (s, body) = send("POST", "/v1/experiments", toml, "application/toml").await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["variants"][0]["system"],
+        "Be brief."
+    );
+    let (s, body) = send("PUT", "/v1/experiments/from-toml", "name = \"from-toml\"\nstatus = \"paused\"\n[[variants]]\nid = \"a\"\n[[variants]]\nid = \"b\"\n", "application/toml").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let (s, body) = send(
+        "POST",
+        "/v1/experiments",
+        "name = \"one\"\n[[variants]]\nid = \"a\"\n",
+        "application/toml",
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(body.contains("at least two variants"), "{body}");
+    let (s, _) = send("POST", "/v1/experiments", toml, "text/plain").await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, _) = send(
+        "POST",
+        "/v1/chat/completions",
+        "model = \"fake\"",
+        "application/toml",
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "only experiment definitions come as TOML"
+    );
+}
