@@ -17,6 +17,7 @@ if [ ! -x .venv-deploy/bin/checkov ]; then
 fi
 cargo build --release --bin abserve || exit 1
 status=0
+cargo fmt --all --check >/dev/null 2>&1 || { echo "cargo fmt --all --check: the tree is not formatted (run cargo fmt --all)"; status=1; }
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
 .venv/bin/python -m pytest -q tests/python 2>&1 || status=1
 # the Vulkan build on Mesa's software device (lavapipe), in its own target directory

@@ -253,7 +253,9 @@ function chart(history, metric, variant) {
   if (pts.length < 2) return h('p', { class: 'muted', id: 'chart' }, 'The chart appears once there are two points with data in both variants.');
   const W = Math.round(Math.max(320, Math.min(760, main().clientWidth - 40))), H = 260, L = 56, R = 12, T = 12, B = 34;
   const xs = pts.map((p) => p.u);
-  const ys = pts.flatMap((p) => [p.seq.ci_low, p.seq.ci_high, p.fx ? p.fx.ci_low : p.seq.diff, p.fx ? p.fx.ci_high : p.seq.diff, 0]);
+  // the y range of the later four fifths: the first looks' intervals are very wide and would
+  // flatten the rest (what falls outside is clipped)
+  const ys = pts.slice(Math.floor(pts.length / 5)).flatMap((p) => [p.seq.ci_low, p.seq.ci_high, p.fx ? p.fx.ci_low : p.seq.diff, p.fx ? p.fx.ci_high : p.seq.diff, 0]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (y0 === y1) { y0 -= 1; y1 += 1; }
@@ -266,11 +268,13 @@ function chart(history, metric, variant) {
   const ticks = [y0, (y0 + y1) / 2, y1];
   return h('figure', { id: 'chart' },
     s('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': `${metric}: ${variant} minus control over units` },
-      s('path', { class: 'band', d: band }),
-      fixed.length > 1 ? s('path', { class: 'fixed', d: fpath((p) => p.fx.ci_low) }) : null,
-      fixed.length > 1 ? s('path', { class: 'fixed', d: fpath((p) => p.fx.ci_high) }) : null,
-      s('line', { class: 'zero', x1: L, x2: W - R, y1: Y(0), y2: Y(0) }),
-      s('path', { class: 'est', d: path((p) => p.seq.diff) }),
+      s('defs', {}, s('clipPath', { id: 'plot' }, s('rect', { x: L, y: T, width: W - L - R, height: H - T - B }))),
+      s('g', { 'clip-path': 'url(#plot)' },
+        s('path', { class: 'band', d: band }),
+        fixed.length > 1 ? s('path', { class: 'fixed', d: fpath((p) => p.fx.ci_low) }) : null,
+        fixed.length > 1 ? s('path', { class: 'fixed', d: fpath((p) => p.fx.ci_high) }) : null,
+        s('line', { class: 'zero', x1: L, x2: W - R, y1: Y(0), y2: Y(0) }),
+        s('path', { class: 'est', d: path((p) => p.seq.diff) })),
       s('line', { class: 'axis', x1: L, x2: L, y1: T, y2: H - B }),
       s('line', { class: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B }),
       ticks.map((t) => s('text', { x: L - 6, y: Y(t) + 4, 'text-anchor': 'end' }, num(t, 3))),
