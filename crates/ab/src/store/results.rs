@@ -31,23 +31,31 @@ pub(super) const UNITS: &str = "SELECT uv.variant, COUNT(*) FROM uv GROUP BY uv.
 pub(super) const EXPOSURES: &str =
     "SELECT variant, COUNT(*) FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY variant";
 
+/// The automatic metrics of every non-forced exposure recorded by `$2`, as (KEY, metric, v)
+/// rows; KEY is `variant` or `unit`.
+const AUTOMATIC: &str = "
+        SELECT KEY, 'latency_ms' AS metric, latency_ms AS v FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND latency_ms IS NOT NULL
+        UNION ALL SELECT KEY, 'ttft_ms', ttft_ms FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
+        UNION ALL SELECT KEY, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
+        UNION ALL SELECT KEY, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2";
+
 /// The values the moments are taken of: (variant, metric, v). Automatic metrics come from every
 /// non-forced exposure; outcome metrics are one value per unit (the mean of its events),
 /// attributed to the unit's variant; events of units never exposed are left out.
-const VALUES: &str = "
-    vals AS (
-        SELECT variant, 'latency_ms' AS metric, latency_ms AS v FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND latency_ms IS NOT NULL
-        UNION ALL SELECT variant, 'ttft_ms', ttft_ms FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
-        UNION ALL SELECT variant, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
-        UNION ALL SELECT variant, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2
+fn values() -> String {
+    format!(
+        "vals AS ({}
         UNION ALL SELECT uv.variant, e.metric, AVG(e.value) FROM events e JOIN uv ON uv.unit = e.unit
             WHERE e.experiment = $1 GROUP BY uv.variant, e.metric, e.unit
     ),
-    m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)";
+    m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)",
+        AUTOMATIC.replace("KEY", "variant")
+    )
+}
 
 /// Per (variant, metric): n, mean, sum of squared deviations from the mean.
 const MOMENTS: &str = "
@@ -58,16 +66,9 @@ const MOMENTS: &str = "
 /// Per unit and metric the sum of its values (automatic metrics over the unit's exposures,
 /// outcome metrics over its events), for the two metrics of a ratio (`$3` / `$4`); per variant
 /// the units' numerators and denominators (0 where a unit has none) in two passes.
-const RATIO: &str = "
-    unit_vals AS (
-        SELECT unit, 'latency_ms' AS metric, latency_ms AS v FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND latency_ms IS NOT NULL
-        UNION ALL SELECT unit, 'ttft_ms', ttft_ms FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
-        UNION ALL SELECT unit, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
-        UNION ALL SELECT unit, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
-            WHERE experiment = $1 AND NOT forced AND ts <= $2
+fn ratio() -> String {
+    format!(
+        "unit_vals AS ({}
         UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1
     ),
     sums AS (SELECT unit, metric, SUM(v) AS s FROM unit_vals WHERE metric = $3 OR metric = $4 GROUP BY unit, metric),
@@ -77,7 +78,10 @@ const RATIO: &str = "
     mu AS (SELECT variant, AVG(x) AS mx, AVG(y) AS my FROM pu GROUP BY variant)
     SELECT pu.variant, COUNT(*), MAX(mu.mx), MAX(mu.my), SUM((pu.x - mu.mx) * (pu.x - mu.mx)),
         SUM((pu.y - mu.my) * (pu.y - mu.my)), SUM((pu.x - mu.mx) * (pu.y - mu.my))
-    FROM pu JOIN mu ON mu.variant = pu.variant GROUP BY pu.variant";
+    FROM pu JOIN mu ON mu.variant = pu.variant GROUP BY pu.variant",
+        AUTOMATIC.replace("KEY", "unit")
+    )
+}
 
 /// Every `$3`-th unit's arrival (the time of its first non-forced exposure) and the last one's:
 /// the points of the results' history.
@@ -87,7 +91,7 @@ pub(super) const ARRIVALS: &str = "
     SELECT k, t FROM r WHERE k % $3 = 0 OR k = (SELECT COUNT(*) FROM f) ORDER BY k";
 
 pub(super) fn ratio_sql() -> String {
-    format!("WITH {UNIT_VARIANT}, {RATIO}")
+    format!("WITH {UNIT_VARIANT}, {}", ratio())
 }
 
 /// One row of [`ratio_sql`].
@@ -110,7 +114,7 @@ pub(super) fn units_sql() -> String {
 }
 
 pub(super) fn moments_sql() -> String {
-    format!("WITH {UNIT_VARIANT}, {VALUES} {MOMENTS}")
+    format!("WITH {UNIT_VARIANT}, {} {MOMENTS}", values())
 }
 
 /// One row of [`moments_sql`].
