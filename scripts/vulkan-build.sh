@@ -29,6 +29,10 @@ fi
 lib=$(ls /usr/lib/*/libvulkan.so.1 | head -1)
 mkdir -p "$sdk/usr/lib"
 ln -sf "$lib" "$sdk/usr/lib/libvulkan.so"
+# no debug line tables in this build (its own target directory; the CPU build keeps them):
+# less to compile and link in CI. vulkan-build.sh and test-vulkan.sh must agree, or cargo
+# rebuilds everything.
+export CARGO_PROFILE_RELEASE_DEBUG=0
 export VULKAN_SDK=$sdk/usr
 export CPATH=$sdk/usr/include${CPATH:+:$CPATH}
 CARGO_TARGET_DIR=target/vulkan cargo build --release --features vulkan --bin abserve "$@"
