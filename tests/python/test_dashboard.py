@@ -165,8 +165,11 @@ def test_dashboard_end_to_end(srv):
         page.fill('input[name="v1.system"]', "Be kind.")
         page.fill('input[name="v0.max_tokens"]', "3")
         page.fill('input[name="v1.max_tokens"]', "3")
+        page.fill('input[name="max_kv_share"]', "0.5")
         page.click("#create-form button[type=submit]")
         expect(page.locator("h1")).to_contain_text("from-form")
+        # its KV share is shown against the quota from its definition, before anything runs
+        expect(page.locator("#kv-share")).to_contain_text("quota 2048 cells (max_kv_share 0.5)")
         client = openai.OpenAI(base_url=srv.url, api_key=KEY)
         r = client.chat.completions.with_raw_response.create(model="experiment:from-form", user="u-form", messages=[{"role": "user", "content": "Hi"}])
         assert r.headers["x-abserve-experiment"] == "from-form"

@@ -203,9 +203,16 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
             .collect::<Vec<_>>()
             .join("\n")
     };
+    // whether the server is still up, and if not how it ended (a crash inside Mesa's lavapipe
+    // shows as a signal here and nowhere in the log)
+    let server_state = match s.child.as_mut().map(|c| c.try_wait()) {
+        Some(Ok(Some(status))) => format!("server exited: {status}"),
+        Some(Ok(None)) => "server still running".to_string(),
+        other => format!("server state unknown: {other:?}"),
+    };
     assert!(
         out.status.success(),
-        "loadtest: {}\n{}\nserver log (last lines, newest first):\n{}",
+        "loadtest: {}\n{}\n{server_state}\nserver log (last lines, newest first):\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
         server_log()

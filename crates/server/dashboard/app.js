@@ -138,18 +138,20 @@ async function refreshEngine() {
   ].filter(Boolean));
   el.querySelector('#g-kv b').setAttribute('data-used', kv.used);
   const share = document.getElementById('kv-share');
-  if (share) share.replaceChildren(...kvShare(share.getAttribute('data-experiment')));
+  if (share) share.replaceChildren(...kvShare(share.getAttribute('data-experiment'), parseFloat(share.getAttribute('data-share'))));
 }
 
-function kvShare(name) {
-  const e = engineState && engineState.experiments.find((x) => x.name === name);
+// An experiment's KV cells now against its quota (max_kv_share of all cells, from its
+// definition: an experiment with nothing running has no entry in the engine's state).
+function kvShare(name, share) {
   if (!engineState) return ['–'];
+  const e = engineState.experiments.find((x) => x.name === name);
   const cells = e ? e.kv_cells : 0;
   const total = engineState.kv.total;
-  const quota = e && e.kv_cells_quota !== null ? e.kv_cells_quota : null;
+  const quota = finite(share) ? Math.floor(share * total) : null;
   return [
     h('b', { 'data-k': 'kv-cells', 'data-value': cells }, cells + ' of ' + total + ' KV cells (' + pct(total ? cells / total : 0) + ')'),
-    ' ', quota !== null ? 'quota ' + quota + ' cells (max_kv_share ' + e.max_kv_share + ')' : 'no quota (max_kv_share unset)',
+    ' ', quota !== null ? 'quota ' + quota + ' cells (max_kv_share ' + share + ')' : 'no quota (max_kv_share unset)',
     bar([[quota !== null && cells > quota ? 'over' : 'used', cells]], quota || total),
   ];
 }
@@ -351,7 +353,7 @@ async function experimentPage(name) {
       h('p', { class: 'muted' }, 'Chance to beat control, uplift and risk assume higher is better; for latency, errors or cost read them the other way.')),
     treatments.length ? h('div', { class: 'card' }, h('h2', {}, 'Over time ', variantSelect), chart(hist, metric, variant)) : null,
     h('div', { class: 'card' }, h('h2', {}, 'Serving per variant'), h('div', { class: 'scroll' }, performanceTable(r))),
-    h('div', { class: 'card' }, h('h2', {}, 'KV cache share'), h('p', { id: 'kv-share', 'data-experiment': name }, kvShare(name))),
+    h('div', { class: 'card' }, h('h2', {}, 'KV cache share'), h('p', { id: 'kv-share', 'data-experiment': name, 'data-share': e.max_kv_share }, kvShare(name, e.max_kv_share))),
     h('div', { class: 'card' }, h('h2', {}, 'Weights'), weightsForm(e, rerender)),
     h('div', { class: 'card' }, h('h2', {}, 'Recent exposures'), h('p', { class: 'muted' }, 'Prompts and answers are never stored, so none are shown.'),
       h('div', { class: 'scroll' }, exposuresTable(exp.exposures))));
