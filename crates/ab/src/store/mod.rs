@@ -157,6 +157,35 @@ pub fn url_without_password(u: &str) -> Option<String> {
     })
 }
 
+/// Whether a SQLite connection given back to the pool may serve again: only when neither SQLite
+/// nor sqlx holds a transaction open on it; otherwise it is closed, which ends the transaction.
+///
+/// sqlx counts the transactions it opened; SQLite ends one by itself after some errors (a full
+/// disk, I/O errors), and the two then disagree. sqlx's rollback of a transaction SQLite already
+/// ended fails and leaves its count at 1, so its next "transaction" on that connection is a
+/// savepoint whose rollback does not end SQLite's transaction: the connection kept SQLite's
+/// write lock, every other writer waited out the busy timeout ("database is locked" long after
+/// the disk had space again), and writes it answered as done were never committed. Seen in
+/// `store::tests::a_full_disk_leaves_no_transaction_open`.
+async fn release_sqlite(conn: &mut sqlx::SqliteConnection) -> Result<bool, sqlx::Error> {
+    use sqlx::Connection;
+    // the handle is taken through the connection's worker, after any rollback queued on it
+    let mut handle = conn.lock_handle().await?;
+    // SAFETY: the handle is locked for this call: no other statement runs on it meanwhile
+    let sqlite_open =
+        unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) } == 0;
+    drop(handle);
+    let reuse = !sqlite_open && !conn.is_in_transaction();
+    if !reuse {
+        tracing::warn!(
+            sqlite_open,
+            sqlx_open = conn.is_in_transaction(),
+            "closing a SQLite connection left inside a transaction (after a write failed)"
+        );
+    }
+    Ok(reuse)
+}
+
 impl Store {
     /// The SQLite store `abserve.db` in `dir` (created when missing).
     pub async fn open(dir: &Path) -> Result<Store, StoreError> {
@@ -180,6 +209,7 @@ impl Store {
                     .busy_timeout(Duration::from_secs(10));
                 let pool = SqlitePoolOptions::new()
                     .max_connections(4)
+                    .after_release(|conn, _| Box::pin(release_sqlite(conn)))
                     .connect_with(opts)
                     .await?;
                 SQLITE_MIGRATIONS.run(&pool).await?;

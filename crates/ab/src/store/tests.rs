@@ -434,3 +434,74 @@ fn urls_lose_their_password_in_logs() {
     );
     assert!("mysql://h/db".parse::<Location>().is_err());
 }
+
+/// A full disk fails writes; it must not leave a pooled connection inside a transaction (it would
+/// hold SQLite's write lock, and writes answered as done on it would never be committed): once
+/// space returns, writes succeed and everything acknowledged is there after a reopen. SQLite
+/// only (PostgreSQL's disk is not ours to fill); mounts a small tmpfs, so it needs root, as CI
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_leaves_no_transaction_open() {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("abserve-store-full-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&dir)
+        .status();
+    assert!(
+        mounted.as_ref().is_ok_and(|s| s.success()),
+        "mounting a tmpfs needs root (CI runs as root): {mounted:?}"
+    );
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    let data = dir.join("data");
+    let events = |n: usize| -> Vec<OutcomeEvent> {
+        (0..n)
+            .map(|i| event(&format!("u{i}"), "score", i as f64))
+            .collect()
+    };
+    let s = Store::open(&data).await.unwrap();
+    s.create_experiment(&exp()).await.unwrap();
+    let mut stored = s.record_events("aa", None, &events(100)).await.unwrap();
+    let mut created = vec![];
+    let filler = dir.join("filler");
+    for round in 0..8 {
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&[0u8; 64 * 1024]).is_ok() {}
+        while f.write_all(&[0u8; 512]).is_ok() {}
+        drop(f);
+        for _ in 0..3 {
+            let e = s
+                .record_events("aa", None, &events(10_000))
+                .await
+                .unwrap_err();
+            assert_eq!(e.condition(), StoreCondition::Full, "round {round}: {e}");
+        }
+        // small writes may fit in space the WAL already holds; what is acknowledged must last
+        let mut more = exp();
+        more.name = format!("more{round}");
+        match s.create_experiment(&more).await {
+            Ok(_) => created.push(more.name),
+            Err(e) => assert_eq!(e.condition(), StoreCondition::Full, "round {round}: {e}"),
+        }
+        std::fs::remove_file(&filler).unwrap();
+        let n = s.record_events("aa", None, &events(1_000)).await;
+        stored += n.unwrap_or_else(|e| panic!("round {round}: space returned, yet: {e}"));
+    }
+    drop(s);
+    let s = Store::open(&data).await.unwrap();
+    assert_eq!(s.count_events("aa").await.unwrap(), stored as u64);
+    for name in created {
+        assert!(
+            s.experiment(&name).await.unwrap().is_some(),
+            "{name} was acknowledged"
+        );
+    }
+}
