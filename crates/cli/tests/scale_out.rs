@@ -1,7 +1,8 @@
 //! Scale-out on the real services (PostgreSQL and RabbitMQ, made reachable by
 //! `scripts/services.sh`; a missing service fails these tests): two `abserve serve` replicas on
 //! one PostgreSQL store, and `abserve eval --amqp` answered by `abserve worker`s, one of them
-//! killed with SIGKILL mid-run, a job that always fails, and back-pressure.
+//! killed with SIGKILL mid-run, a job that always fails, a job whose worker dies holding it every
+//! time, and back-pressure.
 
 mod support;
 
@@ -12,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use abserve_ab::testing::Fresh;
+use futures::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
@@ -316,13 +318,20 @@ fn results(dir: &Path) -> Vec<Value> {
 }
 
 async fn wait_eval(child: Child, within: Duration) -> (i32, String) {
-    let out = tokio::time::timeout(
+    let pid = child.id().to_string();
+    let out = match tokio::time::timeout(
         within,
         tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
     )
     .await
-    .expect("the eval finishes in time")
-    .unwrap();
+    {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // or the test would hang on the eval still running when the runtime shuts down
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            panic!("the eval did not finish within {within:?}");
+        }
+    };
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -380,6 +389,9 @@ async fn delete_queues(ch: &lapin::Channel, queue: &str) {
     for q in [queue.to_string(), format!("{queue}.dead")] {
         let _ = ch.queue_delete(&q, QueueDeleteOptions::default()).await;
     }
+    let _ = ch
+        .exchange_delete(&format!("{queue}.dlx"), Default::default())
+        .await;
 }
 
 fn pairs(rs: &[Value]) -> Vec<(String, String)> {
@@ -495,6 +507,69 @@ async fn a_job_that_always_fails_is_dead_lettered_with_its_error_and_reported() 
         other => panic!("no error header: {other:?}"),
     }
     assert_eq!(message_count(&ch, &queue).await, 0);
+    delete_queues(&ch, &queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_whose_worker_dies_holding_it_every_time_is_reported_not_awaited_forever() {
+    let _turn = exclusive();
+    let dir = tmp("deathloop");
+    let queue = queue_name("deathloop");
+    let (conn, ch) = channel().await;
+    // 1 row × 3 variants: 3 jobs
+    let eval = start_eval(&dir, &queue, &dataset(&dir, 1, false));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // a passive declare of a queue not yet there closes its channel: one channel per try
+        let probe = conn.create_channel().await.unwrap();
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        if let Ok(q) = probe
+            .queue_declare(&queue, passive, FieldTable::default())
+            .await
+        {
+            if q.message_count() == 3 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "jobs not published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // a worker that dies holding each job it takes: its connection drops before any ack
+    // (a job given back by a closed connection is not counted as ready at once: wait for the
+    // dead-letter queue, not for an empty jobs queue)
+    let mut deliveries = 0;
+    while message_count(&ch, &format!("{queue}.dead")).await < 3 {
+        assert!(deliveries < 100, "the broker never dead-lettered the jobs");
+        let (dying, dch) = channel().await;
+        dch.basic_qos(1, Default::default()).await.unwrap();
+        let mut consumer = dch
+            .basic_consume(&queue, "dies", Default::default(), FieldTable::default())
+            .await
+            .unwrap();
+        if let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await {
+            d.unwrap();
+            deliveries += 1;
+        }
+        dying.close(320, "the worker died").await.unwrap();
+    }
+    let (code, out) = wait_eval(eval, Duration::from_secs(60)).await;
+    eprintln!("{deliveries} deliveries; eval exited {code}:\n{out}");
+    let rs = results(&dir);
+    assert_eq!(rs.len(), 3, "each job has its row: {rs:?}");
+    for r in &rs {
+        let e = r["error"].as_str().unwrap_or_else(|| panic!("{r}"));
+        assert!(e.contains("dead-lettered by the broker"), "{e}");
+        assert_eq!(r["attempts"], 10, "{r}");
+    }
+    assert!(
+        out.contains("dead-lettered by the broker"),
+        "the eval reports it: {out}"
+    );
+    // the jobs wait in the dead-letter queue for an operator, as the worker's dead letters do
+    assert_eq!(message_count(&ch, &format!("{queue}.dead")).await, 3);
     delete_queues(&ch, &queue).await;
 }
 

@@ -4,22 +4,31 @@
 //!
 //! Topology, all durable, declared alike by both sides (a mismatch is refused by the broker):
 //! - `NAME` (default `abserve.jobs`): a quorum queue of jobs, one per row × variant, persistent,
-//!   published with publisher confirms. Dead-letters to `NAME.dead` after
+//!   published with publisher confirms. Dead-letters to the exchange `NAME.dlx` after
 //!   [`DELIVERY_LIMIT`] deliveries: a job that kills its worker every time cannot loop forever.
+//! - `NAME.dlx`: a headers exchange. It routes every job the broker dead-letters to `NAME.dead`,
+//!   and to the results queue of the job's own run (by its [`RUN`] header), so that the eval
+//!   hears of it and reports it as that row × variant's error instead of waiting for it.
 //! - `NAME.dead`: the dead-letter queue. A job lands there with its error in the
 //!   `x-abserve-error` header once it failed [`crate::worker::Options::max_failures`] times,
 //!   or by the delivery limit. Nothing consumes it: it is for operators.
 //! - `NAME.results.RUN`: one eval run's results (the jobs' `reply_to`), deleted when the run has
 //!   them all.
 //!
+//! Queues declared by abserve before `NAME.dlx` existed dead-letter to `NAME.dead` directly; the
+//! broker refuses the new arguments for them (PRECONDITION_FAILED): delete the jobs queue once
+//! it is empty, and the next eval or worker declares it anew.
+//!
 //! Guarantees: a job is acked only after its result was confirmed by the broker (and, with
 //! `--store`, committed), so a worker killed at any point loses nothing: its unacked jobs are
 //! redelivered. A redelivered job may then be answered twice; the eval keeps the first result
 //! per job id (and the store, its primary key), so every row × variant counts once.
 
-use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EvalError;
@@ -31,6 +40,8 @@ pub const DELIVERY_LIMIT: i32 = 10;
 pub const FAILURES: &str = "x-abserve-failures";
 /// The header that carries a job's last error (on retries and in the dead-letter queue).
 pub const ERROR: &str = "x-abserve-error";
+/// The header that carries a job's eval run: the dead-letter exchange routes on it.
+pub const RUN: &str = "x-abserve-run";
 
 /// One row × variant to answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +71,8 @@ pub struct JobResult {
 pub struct Queues {
     pub jobs: String,
     pub dead: String,
+    /// The dead-letter exchange (headers).
+    pub dlx: String,
 }
 
 impl Queues {
@@ -67,6 +80,7 @@ impl Queues {
         Queues {
             jobs: name.to_string(),
             dead: format!("{name}.dead"),
+            dlx: format!("{name}.dlx"),
         }
     }
 
@@ -75,15 +89,38 @@ impl Queues {
         format!("{}.results.{run}", self.jobs)
     }
 
-    /// Declares the jobs and dead-letter queues (idempotent with equal arguments).
+    /// Declares the jobs and dead-letter queues and the dead-letter exchange (idempotent with
+    /// equal arguments).
     pub async fn declare(&self, ch: &Channel) -> Result<lapin::Queue, EvalError> {
         let durable = QueueDeclareOptions {
             durable: true,
             ..Default::default()
         };
+        let exchange = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.exchange_declare(
+            &self.dlx,
+            ExchangeKind::Headers,
+            exchange,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(amqp("declaring the dead-letter exchange"))?;
         ch.queue_declare(&self.dead, durable, FieldTable::default())
             .await
             .map_err(amqp("declaring the dead-letter queue"))?;
+        // no header to match: every dead letter
+        ch.queue_bind(
+            &self.dead,
+            &self.dlx,
+            "",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(amqp("binding the dead-letter queue"))?;
         let mut args = FieldTable::default();
         args.insert(
             "x-queue-type".into(),
@@ -95,15 +132,28 @@ impl Queues {
         );
         args.insert(
             "x-dead-letter-exchange".into(),
-            AMQPValue::LongString("".into()),
-        );
-        args.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(self.dead.as_str().into()),
+            AMQPValue::LongString(self.dlx.as_str().into()),
         );
         ch.queue_declare(&self.jobs, durable, args)
             .await
             .map_err(amqp("declaring the jobs queue"))
+    }
+
+    /// Routes the jobs of `run` that the broker dead-letters to `results` as well.
+    pub async fn bind_dead_letters(
+        &self,
+        ch: &Channel,
+        results: &str,
+        run: &str,
+    ) -> Result<(), EvalError> {
+        let mut args = FieldTable::default();
+        args.insert("x-match".into(), AMQPValue::LongString("all".into()));
+        args.insert(RUN.into(), AMQPValue::LongString(run.into()));
+        ch.queue_bind(results, &self.dlx, "", QueueBindOptions::default(), args)
+            .await
+            .map_err(amqp(
+                "binding the results queue to the dead-letter exchange",
+            ))
     }
 }
 
@@ -150,6 +200,15 @@ pub async fn publish_confirmed(
         )));
     }
     Ok(())
+}
+
+/// A string header of a delivery.
+pub fn header_str(props: &BasicProperties, name: &str) -> Option<String> {
+    match props.headers().as_ref().and_then(|h| h.inner().get(name)) {
+        Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+        Some(AMQPValue::ShortString(s)) => Some(s.to_string()),
+        _ => None,
+    }
 }
 
 /// An integer header of a delivery (0 when absent).

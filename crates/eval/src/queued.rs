@@ -15,7 +15,7 @@ use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 use rand::Rng;
 
@@ -66,6 +66,7 @@ pub(crate) async fn generate(
     ch.queue_declare(&results, durable, args)
         .await
         .map_err(amqp("declaring the results queue"))?;
+    queues.bind_dead_letters(&ch, &results, &run).await?;
 
     let mut pending: BTreeMap<String, (&Row, &Variant)> = BTreeMap::new();
     let mut confirms = Vec::new();
@@ -88,9 +89,15 @@ pub(crate) async fn generate(
         };
         let body = serde_json::to_vec(&job)
             .map_err(|e| EvalError::Queue(format!("encoding a job: {e}")))?;
+        let mut headers = FieldTable::default();
+        headers.insert(
+            queue::RUN.into(),
+            AMQPValue::LongString(run.as_str().into()),
+        );
         let props = queue::persistent()
             .with_reply_to(results.as_str().into())
-            .with_message_id(job.id.as_str().into());
+            .with_message_id(job.id.as_str().into())
+            .with_headers(headers);
         confirms.push(
             ch.basic_publish("", &queues.jobs, Default::default(), &body, props)
                 .await
@@ -184,6 +191,11 @@ async fn collect(
         last = Instant::now();
         let r: JobResult = match serde_json::from_slice(&d.data) {
             Ok(r) => r,
+            // a job of this run that the broker dead-lettered (through NAME.dlx): its worker
+            // died or lost its connection with it on every delivery
+            Err(_) if serde_json::from_slice::<Job>(&d.data).is_ok() => {
+                dead_lettered(&d.data, &d.properties, &queues.dead)
+            }
             Err(e) => {
                 tracing::warn!("dropping a message on '{results}' that is not a result: {e}");
                 d.ack(BasicAckOptions::default())
@@ -210,6 +222,31 @@ async fn collect(
             .map_err(amqp("acknowledging"))?;
     }
     Ok(())
+}
+
+/// The error result of a job the broker dead-lettered.
+fn dead_lettered(body: &[u8], props: &lapin::BasicProperties, dead: &str) -> JobResult {
+    let job: Job = serde_json::from_slice(body).expect("checked by the caller");
+    // quorum queues count deliveries in x-delivery-count (absent on RabbitMQ before 3.12 when
+    // the limit is what dead-lettered it: the limit is then the count)
+    let deliveries = match queue::header_int(props, "x-delivery-count") {
+        n if n > 0 => n,
+        _ => queue::DELIVERY_LIMIT as i64,
+    };
+    let last = queue::header_str(props, queue::ERROR)
+        .map(|e| format!("; its last error: {e}"))
+        .unwrap_or_default();
+    JobResult {
+        id: job.id,
+        worker: String::new(),
+        attempts: deliveries.max(1) as u32,
+        generation: None,
+        error: Some(format!(
+            "dead-lettered by the broker after {deliveries} deliveries (the delivery limit is {}): \
+             a worker died or lost its connection holding it each time{last}; the job waits in '{dead}'",
+            queue::DELIVERY_LIMIT
+        )),
+    }
 }
 
 async fn waiting(ch: &Channel, queues: &Queues, pending: usize, quiet: Duration) {
