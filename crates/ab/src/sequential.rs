@@ -57,11 +57,13 @@ pub fn half_width(variance: f64, n: f64, alpha: f64, tuning: f64) -> f64 {
 /// The confidence sequence and always-valid p-value of treatment − control, from the two
 /// groups' summaries; `None` without two units and some variance in each group.
 pub fn sequential(c: &Summary, t: &Summary, alpha: f64, tuning: f64) -> Option<Sequential> {
-    if c.n < 2 || t.n < 2 || !(tuning > 0.0) || !(alpha > 0.0 && alpha < 1.0) {
+    // (written so that NaN fails every check)
+    let positive = |x: f64| x > 0.0;
+    if c.n < 2 || t.n < 2 || !positive(tuning) || !(alpha > 0.0 && alpha < 1.0) {
         return None;
     }
     let variance = c.sd.powi(2) / c.n as f64 + t.sd.powi(2) / t.n as f64;
-    if !(variance > 0.0) {
+    if !positive(variance) {
         return None;
     }
     let n = (c.n + t.n) as f64;

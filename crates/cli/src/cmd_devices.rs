@@ -40,7 +40,21 @@ pub fn run(a: DevicesArgs) -> anyhow::Result<()> {
         );
     }
     if !devices.iter().any(|(_, k)| *k != "cpu") {
-        println!("\nno GPU: this is a CPU build (cargo build --release --features cuda, or vulkan, for one)");
+        let built: Vec<&str> = [
+            (cfg!(feature = "cuda"), "CUDA"),
+            (cfg!(feature = "vulkan"), "Vulkan"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if built.is_empty() {
+            println!("\nno GPU: this is a CPU build (cargo build --release --features cuda, or vulkan, for one)");
+        } else {
+            println!(
+                "\nno GPU: this build has llama.cpp's {} backend, and it found no device (its log line above says why, e.g. no driver)",
+                built.join(" and ")
+            );
+        }
     }
     Ok(())
 }
