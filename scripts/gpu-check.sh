@@ -7,20 +7,41 @@
 # the same GPU (xllamacpp, where a GPU build of it installs; else the peer is skipped).
 #
 #   bash scripts/gpu-check.sh            # output: gpu-check-out/
+#
+# On a machine without cargo or network (the GPU machines lent here), run a bundle built
+# elsewhere (scripts/cuda-build.sh --bundle DIR): ABSERVE_BIN=DIR/abserve, and ABSERVE_MODEL
+# for the model's path. The CUDA 13 runtime and cuBLAS libraries are then looked up in Python's
+# site-packages (NVIDIA's wheels, which PyTorch installs) when the loader does not find them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu-check-out
 mkdir -p "$out"
-bash scripts/setup.sh
-if command -v nvcc >/dev/null 2>&1; then
-  CARGO_TARGET_DIR=target/cuda cargo build --release --features cuda --bin abserve
+model=${ABSERVE_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -n "${ABSERVE_BIN:-}" ]; then
+  bin=$ABSERVE_BIN
+elif command -v nvcc >/dev/null 2>&1 || [ -n "${CUDA_PATH:-}" ]; then
+  bash scripts/setup.sh
+  bash scripts/cuda-build.sh
   bin=target/cuda/release/abserve
 else
+  bash scripts/setup.sh
   echo "gpu-check: no CUDA toolkit (nvcc); building the Vulkan backend" >&2
   bash scripts/vulkan-build.sh
   bin=target/vulkan/release/abserve
 fi
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+# a CUDA build made by scripts/cuda-build.sh: llama.cpp's shared libraries lie beside the binary
+libs=$(dirname "$(readlink -f "$bin")")
+if ! ldconfig -p | grep -q 'libcublas.so.13'; then
+  cu=$(python3 - <<'PY' || true
+import glob, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    for hit in glob.glob(f"{d}/nvidia/cu13/lib/libcublas.so.13") + glob.glob(f"{d}/nvidia/cublas/lib/libcublas.so.13"):
+        print(hit.rsplit("/", 1)[0]); sys.exit()
+PY
+)
+  [ -n "$cu" ] && libs=$libs:$cu
+fi
+export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 "$bin" devices | tee "$out/devices.txt"
 "$bin" plan --model "$model" --context 2048 | tee "$out/plan-default.txt"
 "$bin" plan --weights-bytes 82208358400 --layers 80 --kv-heads 8 --head-dim 128 \
@@ -51,7 +72,7 @@ kill $pid; wait $pid || true
 trap - EXIT
 
 # the peer: llama.cpp's server with the same settings, when xllamacpp has a GPU build here
-python3 -m venv "$out/venv" && "$out/venv/bin/pip" install --quiet "xllamacpp==2026.10.11549" || true
+python3 -m venv "$out/venv" && "$out/venv/bin/pip" install --quiet --retries 0 --timeout 10 "xllamacpp==2026.10.11549" || true
 if "$out/venv/bin/python" -c 'import xllamacpp' 2>/dev/null; then
   ABSERVE_BIN="$bin" PEER_GPU_LAYERS=999 "$out/venv/bin/python" bench/ab_traffic.py --runs 1 --only ab8 | tee "$out/peer.txt" \
     || echo "gpu-check: the peer comparison failed (is xllamacpp's build a GPU build?)" | tee "$out/peer.txt"
