@@ -72,25 +72,12 @@ pub async fn config(State(state): State<Arc<AppState>>) -> Response {
 pub async fn engine(State(state): State<Arc<AppState>>) -> Response {
     let plan = state.engine.plan();
     let s = state.engine.stats();
-    let quotas: std::collections::HashMap<String, Option<f64>> = state
-        .ab
-        .as_ref()
-        .map(|ab| {
-            ab.list()
-                .into_iter()
-                .map(|e| (e.name, e.max_kv_share))
-                .collect()
-        })
-        .unwrap_or_default();
+    // per experiment in flight; its quota is in its definition (GET /v1/experiments/NAME)
     let experiments: Vec<Value> = state
         .metrics
         .experiment_kv()
         .into_iter()
-        .map(|(name, now, peak)| {
-            let share = quotas.get(&name).copied().flatten();
-            json!({"name": name, "kv_cells": now, "kv_cells_peak": peak, "max_kv_share": share,
-                   "kv_cells_quota": share.map(|q| (q * s.kv_cells_total as f64).floor() as u64)})
-        })
+        .map(|(name, now, peak)| json!({"name": name, "kv_cells": now, "kv_cells_peak": peak}))
         .collect();
     let device = state.engine.device().map(|d| {
         let m = d.memory();
