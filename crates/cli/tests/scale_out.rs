@@ -385,6 +385,29 @@ async fn message_count(ch: &lapin::Channel, queue: &str) -> u32 {
         .message_count()
 }
 
+/// Waits (up to a minute) until `queue` holds at least `jobs` ready messages.
+async fn wait_queued(conn: &lapin::Connection, queue: &str, jobs: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // a passive declare of a queue not yet there closes its channel: one channel per try
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let probe = conn.create_channel().await.unwrap();
+        if let Ok(q) = probe
+            .queue_declare(queue, passive, FieldTable::default())
+            .await
+        {
+            if q.message_count() >= jobs {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "jobs not published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn delete_queues(ch: &lapin::Channel, queue: &str) {
     for q in [queue.to_string(), format!("{queue}.dead")] {
         let _ = ch.queue_delete(&q, QueueDeleteOptions::default()).await;
@@ -518,25 +541,7 @@ async fn a_job_whose_worker_dies_holding_it_every_time_is_reported_not_awaited_f
     let (conn, ch) = channel().await;
     // 1 row × 3 variants: 3 jobs
     let eval = start_eval(&dir, &queue, &dataset(&dir, 1, false));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // a passive declare of a queue not yet there closes its channel: one channel per try
-        let probe = conn.create_channel().await.unwrap();
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        if let Ok(q) = probe
-            .queue_declare(&queue, passive, FieldTable::default())
-            .await
-        {
-            if q.message_count() == 3 {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "jobs not published");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_queued(&conn, &queue, 3).await;
     // a worker that dies holding each job it takes: its connection drops before any ack
     // (a job given back by a closed connection is not counted as ready at once: wait for the
     // dead-letter queue, not for an empty jobs queue)
@@ -581,22 +586,7 @@ async fn a_worker_of_4_slots_never_holds_more_than_4_jobs() {
     let (conn, ch) = channel().await;
     // 200 jobs queued before any worker runs (67 rows × 3 variants = 201)
     let eval = start_eval(&dir, &queue, &dataset(&dir, 67, false));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // a passive declare of a queue not yet there closes its channel: one channel per try
-        let q = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        let probe = conn.create_channel().await.unwrap();
-        if let Ok(q) = probe.queue_declare(&queue, q, FieldTable::default()).await {
-            if q.message_count() >= 200 {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "jobs not published");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_queued(&conn, &queue, 200).await;
     let w = worker(&queue, &["--max-sequences", "4"]);
     let pid = w.child.id();
     let (mut most_unacked, mut most_rss, mut samples, mut backlog_seen) = (0, 0u64, 0, false);
