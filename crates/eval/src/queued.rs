@@ -193,16 +193,16 @@ async fn collect(
             Ok(r) => r,
             // a job of this run that the broker dead-lettered (through NAME.dlx): its worker
             // died or lost its connection with it on every delivery
-            Err(_) if serde_json::from_slice::<Job>(&d.data).is_ok() => {
-                dead_lettered(&d.data, &d.properties, &queues.dead)
-            }
-            Err(e) => {
-                tracing::warn!("dropping a message on '{results}' that is not a result: {e}");
-                d.ack(BasicAckOptions::default())
-                    .await
-                    .map_err(amqp("acknowledging"))?;
-                continue;
-            }
+            Err(e) => match serde_json::from_slice::<Job>(&d.data) {
+                Ok(job) => dead_lettered(job, &d.properties, &queues.dead),
+                Err(_) => {
+                    tracing::warn!("dropping a message on '{results}' that is not a result: {e}");
+                    d.ack(BasicAckOptions::default())
+                        .await
+                        .map_err(amqp("acknowledging"))?;
+                    continue;
+                }
+            },
         };
         // the first result of a job counts; a redelivered job's second answer is dropped
         if let Some((row, v)) = pending.remove(&r.id) {
@@ -225,8 +225,7 @@ async fn collect(
 }
 
 /// The error result of a job the broker dead-lettered.
-fn dead_lettered(body: &[u8], props: &lapin::BasicProperties, dead: &str) -> JobResult {
-    let job: Job = serde_json::from_slice(body).expect("checked by the caller");
+fn dead_lettered(job: Job, props: &lapin::BasicProperties, dead: &str) -> JobResult {
     // quorum queues count deliveries in x-delivery-count (absent on RabbitMQ before 3.12 when
     // the limit is what dead-lettered it: the limit is then the count)
     let deliveries = match queue::header_int(props, "x-delivery-count") {

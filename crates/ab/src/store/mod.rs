@@ -175,11 +175,12 @@ async fn release_sqlite(conn: &mut sqlx::SqliteConnection) -> Result<bool, sqlx:
     let sqlite_open =
         unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) } == 0;
     drop(handle);
-    let reuse = !sqlite_open && !conn.is_in_transaction();
+    let sqlx_open = conn.is_in_transaction();
+    let reuse = !sqlite_open && !sqlx_open;
     if !reuse {
         tracing::warn!(
             sqlite_open,
-            sqlx_open = conn.is_in_transaction(),
+            sqlx_open,
             "closing a SQLite connection left inside a transaction (after a write failed)"
         );
     }
