@@ -20,8 +20,10 @@ fi
 cargo build --release --bin abserve || exit 1
 status=0
 cargo fmt --all --check >/dev/null 2>&1 || { echo "cargo fmt --all --check: the tree is not formatted (run cargo fmt --all)"; status=1; }
+# the test builds must reuse the normal build's dependencies (no feature added by dev-dependencies)
+python3 scripts/check-features.py || status=1
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
 .venv/bin/python -m pytest -q tests/python 2>&1 || status=1
-# the Vulkan build on Mesa's software device (lavapipe), in its own target directory
+# the Vulkan build on Mesa's software device (lavapipe); it reuses the CPU build's dependencies
 bash scripts/test-vulkan.sh 2>&1 || status=1
 exit $status

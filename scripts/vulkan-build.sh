@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Builds abserve with llama.cpp's Vulkan backend, in its own target directory (target/vulkan),
-# for the software Vulkan device of Mesa (lavapipe/llvmpipe) or a real GPU.
+# Builds abserve with llama.cpp's Vulkan backend into target/vulkan/release/abserve, for the
+# software Vulkan device of Mesa (lavapipe/llvmpipe) or a real GPU.
+#
+# It builds in the shared target directory, where cargo keeps both feature sets side by side:
+# only llama.cpp and the crates above it compile again, every other dependency is the CPU
+# build's. target/release/abserve stays the CPU build: the Vulkan binary that cargo puts there is
+# copied to target/vulkan/release and the CPU binary put back. (Do not run the CPU tests at the
+# same time; a `cargo build --release --bin abserve` puts the CPU binary back too.)
 #
 # Debian bookworm's Vulkan headers (1.3.239) are older than llama.cpp's Vulkan backend needs
 # (vk::LayerSettingEXT, 1.3.261+). Debian trixie's libvulkan-dev (1.4.309) has them: its .deb is
@@ -29,11 +35,17 @@ fi
 lib=$(ls /usr/lib/*/libvulkan.so.1 | head -1)
 mkdir -p "$sdk/usr/lib"
 ln -sf "$lib" "$sdk/usr/lib/libvulkan.so"
-# no debug line tables in this build (its own target directory; the CPU build keeps them):
-# less to compile and link in CI. vulkan-build.sh and test-vulkan.sh must agree, or cargo
-# rebuilds everything.
-export CARGO_PROFILE_RELEASE_DEBUG=0
+# VULKAN_SDK points CMake's FindVulkan at the headers. (Not CPATH: the cc-based build scripts of
+# other dependencies rerun when it changes, and the CPU build would then compile them again.)
 export VULKAN_SDK=$sdk/usr
-export CPATH=$sdk/usr/include${CPATH:+:$CPATH}
-CARGO_TARGET_DIR=target/vulkan cargo build --release --features vulkan --bin abserve "$@"
+mkdir -p target/vulkan/release
+saved=target/vulkan/cpu-abserve.saved
+if [ -f target/release/abserve ]; then
+  cp -p target/release/abserve "$saved"
+  trap 'mv -f "$saved" target/release/abserve' EXIT
+else
+  trap 'rm -f target/release/abserve' EXIT
+fi
+cargo build --release --features vulkan --bin abserve "$@"
+cp -f target/release/abserve target/vulkan/release/abserve
 echo "vulkan-build: target/vulkan/release/abserve"

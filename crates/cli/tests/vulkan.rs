@@ -1,6 +1,6 @@
 //! The Vulkan build on Mesa's software device (lavapipe/llvmpipe): built and run by
-//! `scripts/test-vulkan.sh` (`cargo test --features vulkan --test vulkan` in target/vulkan); the
-//! CPU suite does not compile it (required-features). Every layer is offloaded to the Vulkan
+//! `scripts/test-vulkan.sh` (`cargo test --features vulkan --test vulkan`, with the CPU build's
+//! binary in `ABSERVE_CPU_BIN`); the CPU suite does not compile it (required-features). Every layer is offloaded to the Vulkan
 //! device: it is listed, greedy answers agree with the CPU build's, the device plan is at least
 //! what llama.cpp allocated on the device, concurrent variants under a small --device-memory
 //! finish without out-of-memory errors, and /ready and /metrics show the device.
@@ -20,12 +20,15 @@ fn vulkan_bin() -> &'static str {
     env!("CARGO_BIN_EXE_abserve")
 }
 
-/// The CPU build, for the reference answers.
+/// The CPU build, for the reference answers: `ABSERVE_CPU_BIN` (`cargo test --features vulkan`
+/// puts the Vulkan build at target/release/abserve, so the CPU one is a copy elsewhere).
 fn cpu_bin() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/abserve");
+    let p = PathBuf::from(std::env::var_os("ABSERVE_CPU_BIN").expect(
+        "ABSERVE_CPU_BIN must name the CPU build of abserve (scripts/test-vulkan.sh sets it)",
+    ));
     assert!(
         p.exists(),
-        "the CPU build is missing at {} (cargo build --release)",
+        "the CPU build is missing at {} (ABSERVE_CPU_BIN)",
         p.display()
     );
     p
@@ -120,9 +123,9 @@ fn greedy_tokens_agree_with_the_cpu_build_until_a_close_call() {
 }
 
 /// A server with every layer on the device and a small device budget: the plan covers what
-/// llama.cpp allocated in device buffers, 4 variants × 4 prompts at once finish without
-/// out-of-memory errors (4 variants × 4 prompts: lavapipe makes about 2 tokens/s here), and
-/// /ready and /metrics report the device.
+/// llama.cpp allocated in device buffers, 4 variants × 2 prompts, 4 at a time, finish without
+/// out-of-memory errors (lavapipe makes about 2 tokens/s here: the load is small so that the set
+/// stays within a few minutes of CI), and /ready and /metrics report the device.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_on_the_device_stays_within_its_device_plan() {
     let device = vulkan_device();
@@ -176,7 +179,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
                 "--concurrency",
                 "4",
                 "--requests",
-                "16",
+                "8",
             ])
             .args([
                 "--prompt-tokens",
@@ -218,7 +221,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
         server_log()
     );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["by_class"]["ok"], 16, "{}", r["by_class"]);
+    assert_eq!(r["by_class"]["ok"], 8, "{}", r["by_class"]);
     let metrics = reqwest::get(s.url("/metrics"))
         .await
         .unwrap()
