@@ -3,6 +3,8 @@
 # the Python tests that drive the server with the official openai SDK.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# how long each step took, for the CI log (the goal is under 30 minutes on 2 cores)
+mark() { echo "test.sh: $1 done at ${SECONDS}s"; }
 bash scripts/setup.sh || exit 1
 # PostgreSQL and RabbitMQ for the store and queue tests (used when running, else started)
 bash scripts/services.sh || exit 1
@@ -17,13 +19,18 @@ if [ ! -x .venv-deploy/bin/checkov ]; then
 fi
 # CI needs no debug line tables (Cargo.toml keeps them for profiling): less to compile and link
 [ -n "${CI:-}" ] && export CARGO_PROFILE_RELEASE_DEBUG=0
+mark "setup"
 cargo build --release --bin abserve || exit 1
+mark "release build"
 status=0
 cargo fmt --all --check >/dev/null 2>&1 || { echo "cargo fmt --all --check: the tree is not formatted (run cargo fmt --all)"; status=1; }
 # the test builds must reuse the normal build's dependencies (no feature added by dev-dependencies)
 python3 scripts/check-features.py || status=1
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
+mark "Rust tests"
 .venv/bin/python -m pytest -q tests/python 2>&1 || status=1
+mark "Python tests"
 # the Vulkan build on Mesa's software device (lavapipe); it reuses the CPU build's dependencies
 bash scripts/test-vulkan.sh 2>&1 || status=1
+mark "Vulkan build and tests"
 exit $status
