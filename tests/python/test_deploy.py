@@ -54,3 +54,26 @@ def test_keda_scales_the_worker_deployment_on_its_queue():
     quota = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "quota.yaml").read_text()) if d["kind"] == "ResourceQuota")
     gpus = int(quota["spec"]["hard"]["requests.nvidia.com/gpu"])
     assert scaled["spec"]["maxReplicaCount"] <= gpus
+
+
+def test_the_ports_each_deployment_listens_on_are_the_ones_probed_scraped_and_admitted():
+    """The port in a container's arguments is the one its probes, its Prometheus annotation and
+    its NetworkPolicy name: a port changed in one place only would leave pods never ready,
+    never scraped or unreachable."""
+    import yaml
+
+    for file, flag in [("serve.yaml", "--port="), ("worker.yaml", "--listen=")]:
+        docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / file).read_text()))
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+        pod = deployment["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        arg = next(a for a in container["args"] if a.startswith(flag))
+        port = int(arg.rsplit(":", 1)[-1] if flag == "--listen=" else arg[len(flag):])
+        (named,) = container["ports"]
+        assert named["containerPort"] == port, file
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
+            assert container[probe]["httpGet"]["port"] == named["name"], (file, probe)
+        assert int(pod["metadata"]["annotations"]["prometheus.io/port"]) == port, file
+        assert policy["spec"]["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"], file
+        assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [port], file

@@ -1,13 +1,24 @@
 //! `abserve worker`: answers queued eval jobs (`abserve eval --amqp`) on one shared model in this
 //! process, taking as many jobs at once as the memory plan has sequence slots. SIGTERM or
 //! Ctrl-C: no new jobs; the ones in hand are finished and acknowledged, then it exits.
+//!
+//! `--listen ADDR` serves the server's operations routes for this process: `/health`, `/ready`
+//! (the same 1-token probe and memory checks as `abserve serve`; 503 from SIGTERM on) and
+//! `/metrics` (the engine's series, plus the jobs: `abserve_worker_jobs_total` by outcome,
+//! `abserve_worker_jobs_in_hand`, `abserve_worker_job_seconds_total`).
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use abserve_engine::Engine;
 use abserve_eval::worker::{self, Tally};
 use abserve_eval::Target;
+use abserve_protocol::names;
+use abserve_server::{AppState, Metrics, ServerConfig};
 use clap::Args;
+use prometheus::{Counter, IntCounterVec, IntGauge, Opts};
 
 use crate::args::ModelArgs;
 
@@ -26,6 +37,10 @@ pub struct WorkerArgs {
     /// postgres://…, sqlite://FILE or a directory.
     #[arg(long, env = "ABSERVE_STORE", hide_env_values = true)]
     pub store: Option<String>,
+    /// Serve /health, /ready and /metrics on this address, e.g. 0.0.0.0:9091 (port 0: any free
+    /// port; the address is printed). Default: no HTTP at all.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -38,34 +53,147 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         Some(s) => Some(rt.block_on(abserve_ab::Store::connect(&s.parse()?))?),
         None => None,
     };
-    let engine = Engine::start(a.model.engine_config()?)?;
+    // bound before the model loads: a taken port is an error before any model work
+    let listener = match a.listen {
+        Some(addr) => Some(rt.block_on(tokio::net::TcpListener::bind(addr))?),
+        None => None,
+    };
+    let cfg = a.model.engine_config()?;
+    let model_id = cfg
+        .model
+        .file_stem()
+        .map_or_else(|| "default".into(), |s| s.to_string_lossy().into_owned());
+    let step_hist = Metrics::engine_step_histogram()?;
+    let observer = step_hist.clone();
+    let engine = Arc::new(Engine::start_with_observer(
+        cfg,
+        Some(Arc::new(move |d: Duration| {
+            observer.observe(d.as_secs_f64())
+        })),
+    )?);
     let plan = engine.plan().clone();
     eprintln!(
         "worker: model loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
         plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
     );
-    let target = Arc::new(Target::Engine(Arc::new(engine)));
     let tally = Arc::new(Tally::default());
+    let ops = match listener {
+        Some(listener) => {
+            let metrics = Metrics::new(
+                engine.plan(),
+                engine.stats_handle(),
+                step_hist,
+                engine.device(),
+            )?;
+            export_tally(&metrics, tally.clone())?;
+            let state = AppState::new(engine.clone(), metrics, ops_config(model_id), None);
+            eprintln!(
+                "worker: /health, /ready and /metrics on http://{}",
+                listener.local_addr()?
+            );
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = rt.spawn(abserve_server::serve_ops(state.clone(), listener, async {
+                let _ = rx.await;
+            }));
+            Some((state, tx, task))
+        }
+        None => None,
+    };
+    let target = Arc::new(Target::Engine(engine));
     let opts = worker::Options {
         amqp: a.amqp.clone(),
         queue: a.queue.clone(),
         max_failures: a.max_failures,
         store,
     };
-    rt.block_on(worker::work(
+    let draining = ops.as_ref().map(|(state, _, _)| state.clone());
+    let stop = async move {
+        stop_signal().await;
+        // /ready says 503 while the jobs in hand finish; /metrics keeps answering
+        if let Some(state) = draining {
+            state.shutting_down.store(true, Ordering::SeqCst);
+        }
+    };
+    let worked = rt.block_on(worker::work(
         target,
         plan.seq_slots.min(u16::MAX as u64) as u16,
         opts,
         tally.clone(),
-        stop_signal(),
-    ))?;
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        stop,
+    ));
+    if let Some((_, tx, task)) = ops {
+        let _ = tx.send(());
+        let _ = rt.block_on(task);
+    }
+    worked?;
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
     eprintln!(
         "worker: stopped; {} answered, {} retried, {} dead-lettered",
         n(&tally.answered),
         n(&tally.retried),
         n(&tally.dead_lettered)
     );
+    Ok(())
+}
+
+/// The server's settings that the operations routes read (no API is served: no queue, no body).
+fn ops_config(model_id: String) -> ServerConfig {
+    ServerConfig {
+        model_id,
+        queue_timeout: Duration::from_secs(30),
+        api_key: None,
+        body_limit: 0,
+        max_prompt_tokens: 0,
+        ready_cache: Duration::from_secs(2),
+        drain_timeout: Duration::from_secs(1),
+        header_read_timeout: Duration::from_secs(10),
+        cors_origins: vec![],
+    }
+}
+
+/// The worker's job counts as series of the process's registry, copied from the tally at every
+/// scrape (the hooks run one at a time, so two scrapes never add the same jobs twice).
+fn export_tally(metrics: &Metrics, tally: Arc<Tally>) -> prometheus::Result<()> {
+    let jobs = IntCounterVec::new(
+        Opts::new(
+            names::WORKER_JOBS,
+            "Jobs this worker finished, by outcome (answered, retried, dead_lettered, returned)",
+        ),
+        &["outcome"],
+    )?;
+    let in_hand = IntGauge::new(
+        names::WORKER_JOBS_IN_HAND,
+        "Jobs delivered to this worker and not yet acknowledged",
+    )?;
+    let seconds = Counter::new(
+        names::WORKER_JOB_SECONDS,
+        "Seconds from delivery to acknowledgement, summed over finished jobs",
+    )?;
+    metrics.register(jobs.clone())?;
+    metrics.register(in_hand.clone())?;
+    metrics.register(seconds.clone())?;
+    let outcomes = |t: &Tally| {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("answered", n(&t.answered)),
+            ("retried", n(&t.retried)),
+            ("dead_lettered", n(&t.dead_lettered)),
+            ("returned", n(&t.returned)),
+        ]
+    };
+    // every outcome from 0, so that rates exist at once
+    for (outcome, _) in outcomes(&tally) {
+        jobs.with_label_values(&[outcome]);
+    }
+    metrics.on_render(move || {
+        for (outcome, now) in outcomes(&tally) {
+            let c = jobs.with_label_values(&[outcome]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
+        in_hand.set(tally.in_hand.load(Ordering::Relaxed) as i64);
+        let busy = tally.busy_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        seconds.inc_by((busy - seconds.get()).max(0.0));
+    });
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use abserve_ab::testing::Fresh;
+use abserve_protocol::names;
 use futures::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -225,6 +226,8 @@ struct Worker {
     child: Child,
     /// The plan's bytes, from the worker's first line.
     planned: std::sync::Arc<std::sync::Mutex<Option<u64>>>,
+    /// With `--listen`: where its /health, /ready and /metrics are.
+    ops: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 fn worker(queue: &str, extra: &[&str]) -> Worker {
@@ -252,16 +255,38 @@ fn worker(queue: &str, extra: &[&str]) -> Worker {
         .spawn()
         .unwrap();
     let planned = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let (p, stderr) = (planned.clone(), child.stderr.take().unwrap());
+    let ops = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (p, o, stderr) = (planned.clone(), ops.clone(), child.stderr.take().unwrap());
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("planned ").nth(1) {
                 *p.lock().unwrap() = rest.split(' ').next().and_then(|n| n.parse().ok());
             }
+            if let Some(url) = line.strip_prefix("worker: /health, /ready and /metrics on ") {
+                *o.lock().unwrap() = Some(url.to_string());
+            }
             eprintln!("[worker] {line}");
         }
     });
-    Worker { child, planned }
+    Worker {
+        child,
+        planned,
+        ops,
+    }
+}
+
+impl Worker {
+    /// GET a path of its operations routes (`--listen`): status and body.
+    async fn get(&self, path: &str) -> (u16, String) {
+        let base = self
+            .ops
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the worker printed its address");
+        let r = client().get(format!("{base}{path}")).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
 }
 
 impl Drop for Worker {
@@ -495,9 +520,61 @@ async fn a_job_that_always_fails_is_dead_lettered_with_its_error_and_reported() 
     let queue = queue_name("dead");
     let (_conn, ch) = channel().await;
     let eval = start_eval(&dir, &queue, &dataset(&dir, 3, true));
-    let _w = worker(&queue, &["--max-failures", "2"]);
+    let mut w = worker(&queue, &["--max-failures", "2", "--listen", "127.0.0.1:0"]);
     let (code, out) = wait_eval(eval, Duration::from_secs(300)).await;
     assert_eq!(code, 0, "the other rows were answered: {out}");
+    // the worker's own /health, /ready (a real 1-token probe) and /metrics
+    assert_eq!(w.get("/health").await.0, 200);
+    let (status, ready) = w.get("/ready").await;
+    assert_eq!(status, 200, "{ready}");
+    let (status, text) = w.get("/metrics").await;
+    assert_eq!(status, 200);
+    support::promtool_check(&text);
+    let m = abserve_protocol::parse_prometheus(&text);
+    let jobs = |outcome: &str| {
+        m.get(&format!("{}{{outcome=\"{outcome}\"}}", names::WORKER_JOBS))
+            .unwrap_or_else(|| panic!("no {outcome} jobs in {text}"))
+    };
+    // 3 rows × 3 variants answered; the 3 poisoned jobs failed once (republished), then again
+    // (dead-lettered, with an error result)
+    assert_eq!(
+        [
+            jobs("answered"),
+            jobs("retried"),
+            jobs("dead_lettered"),
+            jobs("returned")
+        ],
+        [9.0, 3.0, 3.0, 0.0],
+        "{text}"
+    );
+    assert_eq!(m.get(names::WORKER_JOBS_IN_HAND), Some(0.0));
+    assert!(
+        m.get(names::WORKER_JOB_SECONDS).is_some_and(|s| s > 0.0),
+        "{text}"
+    );
+    // and the engine's series, as `abserve serve` exports them
+    assert_eq!(m.get(names::MEMORY_BUDGET), Some((1u64 << 30) as f64));
+    assert!(
+        m.get(names::GENERATED_TOKENS).is_some_and(|n| n > 0.0),
+        "{text}"
+    );
+    // SIGTERM: nothing in hand, so it stops at once, and cleanly
+    Command::new("kill")
+        .args(["-TERM", &w.child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = w.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop within 30 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "worker exit: {status}");
     let rs = results(&dir);
     assert_eq!(rs.len(), 12);
     let failed: Vec<&Value> = rs.iter().filter(|r| r["row"] == "too-long").collect();

@@ -37,12 +37,18 @@ pub struct Options {
     pub store: Option<Store>,
 }
 
-/// What a worker did, for its log.
+/// What a worker did, for its log and its `/metrics` (read at every scrape).
 #[derive(Debug, Default)]
 pub struct Tally {
     pub answered: AtomicU64,
     pub retried: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Requeued after an error of the worker itself (a lost confirm, a store write that failed).
+    pub returned: AtomicU64,
+    /// Delivered and not yet acknowledged or returned.
+    pub in_hand: AtomicU64,
+    /// Microseconds from delivery to acknowledgement (or return), summed over finished jobs.
+    pub busy_micros: AtomicU64,
 }
 
 struct Ctx {
@@ -114,13 +120,19 @@ pub async fn work(
             d = consumer.next() => match d {
                 Some(Ok(d)) => {
                     let ctx = ctx.clone();
+                    ctx.tally.in_hand.fetch_add(1, Ordering::Relaxed);
                     tasks.spawn(async move {
+                        let t0 = std::time::Instant::now();
                         let r = handle(&ctx, &d).await;
                         if r.is_err() {
                             // back to the queue for another try (the broker counts it toward
                             // the delivery limit)
                             let _ = d.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                            ctx.tally.returned.fetch_add(1, Ordering::Relaxed);
                         }
+                        let took = t0.elapsed().as_micros().min(u64::MAX as u128) as u64;
+                        ctx.tally.busy_micros.fetch_add(took, Ordering::Relaxed);
+                        ctx.tally.in_hand.fetch_sub(1, Ordering::Relaxed);
                         r
                     });
                 }

@@ -1,4 +1,4 @@
-//! The metric names `abserve serve` exports on `/metrics`: the server registers them from here
+//! The metric names `abserve serve` and `abserve worker --listen` export on `/metrics`: the server registers them from here
 //! and `loadtest`, `eval` and the tests read them from here, so a rename cannot leave a reader
 //! behind. Counters end in `_total` (Prometheus' rule); labels are bounded (endpoint templates,
 //! status codes, reasons, components, experiment names).
@@ -62,6 +62,16 @@ pub const TIME_TO_FIRST_TOKEN: &str = "abserve_time_to_first_token_seconds";
 pub const REQUEST_DURATION: &str = "abserve_request_duration_seconds";
 pub const TIME_PER_OUTPUT_TOKEN: &str = "abserve_time_per_output_token_seconds";
 pub const ENGINE_STEP: &str = "abserve_engine_step_seconds";
+
+// `abserve worker --listen`: the engine's series above, and its jobs
+/// Label `outcome`: answered, retried (republished after a failed try), dead_lettered (after
+/// `--max-failures`), returned (requeued after an error of the worker itself, e.g. a lost
+/// broker confirm).
+pub const WORKER_JOBS: &str = "abserve_worker_jobs_total";
+/// Jobs delivered to the worker and not yet acknowledged (at most the plan's sequence slots).
+pub const WORKER_JOBS_IN_HAND: &str = "abserve_worker_jobs_in_hand";
+/// Seconds from delivery to acknowledgement, summed over finished jobs.
+pub const WORKER_JOB_SECONDS: &str = "abserve_worker_job_seconds_total";
 
 /// Every series of an abserve server starts with this.
 pub const PREFIX: &str = "abserve_";

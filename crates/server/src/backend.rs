@@ -83,3 +83,47 @@ impl Backend for Engine {
         self.model().token_text(token)
     }
 }
+
+/// One engine shared with other parts of the process (`abserve worker` runs jobs on the engine
+/// it also probes for `/ready`).
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn plan(&self) -> &MemoryPlan {
+        (**self).plan()
+    }
+    fn max_queue(&self) -> usize {
+        (**self).max_queue()
+    }
+    fn stats(&self) -> StatsSnapshot {
+        (**self).stats()
+    }
+    fn is_alive(&self) -> bool {
+        (**self).is_alive()
+    }
+    fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        (**self).submit(req)
+    }
+    fn submit_group(
+        &self,
+        reqs: Vec<Request>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+        (**self).submit_group(reqs)
+    }
+    fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
+        (**self).tokenize(text, add_special)
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+        (**self).render_chat(messages)
+    }
+    fn n_vocab(&self) -> usize {
+        (**self).n_vocab()
+    }
+    fn piece(&self, token: i32) -> Vec<u8> {
+        (**self).piece(token)
+    }
+    fn token_text(&self, token: i32) -> String {
+        (**self).token_text(token)
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        (**self).device()
+    }
+}

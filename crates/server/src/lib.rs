@@ -30,6 +30,6 @@ pub use abstate::AbState;
 pub use backend::Backend;
 pub use error::ApiError;
 pub use metrics::Metrics;
-pub use routes::router;
-pub use serve::serve;
+pub use routes::{ops_router, router};
+pub use serve::{serve, serve_ops};
 pub use state::{AppState, ServerConfig};

@@ -44,6 +44,9 @@ pub struct Metrics {
     prefix_store_bytes: IntGauge,
     prefix_store_entries: IntGauge,
     prefix_restores: IntCounter,
+    /// Run at every scrape before rendering: copy figures kept elsewhere (the worker's job
+    /// counts) into collectors registered with [`Metrics::register`].
+    hooks: std::sync::Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -299,6 +302,7 @@ impl Metrics {
             engine_step: reg.add(engine_step)?,
             stats,
             registry: registry.clone(),
+            hooks: Default::default(),
         };
         m.registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -319,8 +323,28 @@ impl Metrics {
         )
     }
 
+    /// Adds the collector of another part of the process (the worker's job counters).
+    pub fn register(
+        &self,
+        c: impl prometheus::core::Collector + 'static,
+    ) -> prometheus::Result<()> {
+        self.registry.register(Box::new(c))
+    }
+
+    /// Runs `hook` at every scrape, before rendering (to copy counts kept in atomics elsewhere
+    /// into collectors added with [`Metrics::register`]).
+    pub fn on_render(&self, hook: impl Fn() + Send + Sync + 'static) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(hook));
+    }
+
     /// Copies the engine's counters into the registry and renders the text format.
     pub fn render(&self) -> prometheus::Result<String> {
+        for hook in self.hooks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            hook();
+        }
         let s = self.stats.snapshot();
         if let Some((d, [total, free, used])) = &self.device {
             let m = d.memory();

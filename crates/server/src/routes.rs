@@ -76,6 +76,17 @@ pub fn router(state: Arc<AppState>) -> Router {
     app.with_state(state)
 }
 
+/// The operations routes alone, `/health`, `/ready` and `/metrics` (the same handlers as
+/// [`router`]'s), for a process that holds a model but serves no API: `abserve worker --listen`.
+pub fn ops_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(health::metrics))
+        .fallback(|| async { ApiError::not_found("Unknown path.").into_response() })
+        .with_state(state)
+}
+
 /// CORS for the origins `--cors-origin` names (none: no CORS headers at all, browsers keep
 /// other sites' pages out).
 fn cors(origins: &[String]) -> Option<CorsLayer> {

@@ -16,7 +16,7 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
-use crate::routes::router;
+use crate::routes::{ops_router, router};
 use crate::state::AppState;
 
 /// Serves until SIGTERM/SIGINT (or `stop` resolves), then drains as the module says.
@@ -70,6 +70,47 @@ pub async fn serve(
     drop(listener);
     drain(&state, graceful, &open).await;
     Ok(())
+}
+
+/// Serves [`ops_router`] on `listener` until `stop` resolves, with the same request-head timeout
+/// as [`serve`]; then closes (probes and scrapes are short: open connections get a second). The
+/// caller owns shutting down: it sets [`AppState::shutting_down`] when it starts to drain its own
+/// work, so that `/ready` answers 503 while `/metrics` keeps answering.
+pub async fn serve_ops(
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let app = ops_router(state.clone());
+    let mut http = Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(state.config.header_read_timeout);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let conn = http.serve_connection_with_upgrades(
+            TokioIo::new(stream),
+            TowerToHyperService::new(app.clone()),
+        );
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
 }
 
 /// Refuses new work, then waits for running requests and open connections up to the drain

@@ -223,3 +223,28 @@ impl Drop for Server {
 pub fn metric(text: &str, series: &str) -> Option<f64> {
     abserve_protocol::parse_prometheus(text).get(series)
 }
+
+/// `promtool check metrics` on a `/metrics` text: fails the test with promtool's complaints.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus) must be installed: scripts/setup.sh does it");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
