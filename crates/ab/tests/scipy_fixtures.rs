@@ -3,13 +3,8 @@
 use abserve_ab::{srm, welch};
 use serde_json::Value;
 
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
+mod common;
+use common::floats;
 
 fn close(a: f64, b: f64, what: &str) {
     assert!(

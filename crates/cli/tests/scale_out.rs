@@ -18,18 +18,11 @@ use futures::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
-use support::{exclusive, model, Server};
+use support::{client, exclusive, model, Server};
 
 fn amqp_url() -> String {
     std::env::var("ABSERVE_TEST_AMQP")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
 }
 
 fn tmp(name: &str) -> PathBuf {

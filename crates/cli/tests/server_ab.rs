@@ -8,14 +8,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use serde_json::{json, Value};
-use support::{kill9, metric, Server};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
-}
+use support::{client, kill9, metric, Server};
 
 fn two_identical(name: &str) -> Value {
     json!({
@@ -310,14 +303,7 @@ async fn an_experiment_capped_at_a_quarter_of_kv_holds_at_most_a_quarter() {
     let mut max_seen = 0.0f64;
     for t in flood {
         assert_eq!(t.await.unwrap(), 200);
-        let m = c
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = s.metrics().await;
         max_seen = max_seen.max(
             metric(
                 &m,
@@ -326,14 +312,7 @@ async fn an_experiment_capped_at_a_quarter_of_kv_holds_at_most_a_quarter() {
             .unwrap_or(0.0),
         );
     }
-    let m = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     let peak = metric(
         &m,
         "abserve_experiment_kv_cells_peak{experiment=\"capped\"}",

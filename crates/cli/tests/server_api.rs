@@ -2,18 +2,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{metric, Server, MODEL_ID};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
+use support::{client, metric, Server, MODEL_ID};
 
 async fn post(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     let r = c.post(url).json(&body).send().await.unwrap();
@@ -172,14 +163,7 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
     assert_eq!(lp[0]["top_logprobs"].as_array().unwrap().len(), 2);
 
     // metrics count what happened
-    let m = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     assert!(
         metric(
             &m,
@@ -236,14 +220,7 @@ async fn ready_runs_a_probe_and_reports_the_plan() {
     assert_eq!(v["status"], "ready");
     assert!(v["probe_latency_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(v["plan"]["kv_cells"], 4096);
-    let m = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     // the probe went through the engine: one generated token at least
     assert!(metric(&m, "abserve_generated_tokens_total").unwrap() >= 1.0);
 }
@@ -258,14 +235,7 @@ async fn metrics_pass_promtool() {
         json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}),
     )
     .await;
-    let text = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for name in [
         "abserve_memory_budget_bytes",
         "abserve_memory_planned_bytes{component=\"weights\"}",

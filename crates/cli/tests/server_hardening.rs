@@ -8,14 +8,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{metric, Server, MODEL_ID};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
+use support::{client, metric, Server, MODEL_ID};
 
 fn experiment(name: &str, variants: Value) -> Value {
     json!({"name": name, "variants": variants})
@@ -257,15 +250,7 @@ async fn finding5_random_paths_do_not_grow_the_metrics() {
     let s = Server::start(&["--api-key", "k"]);
     let c = client();
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
-    let get_metrics = || async {
-        c.get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let get_metrics = || async { s.metrics().await };
     // one of each kind first, so every label that can appear exists
     for p in [
         "/v1/nope",
@@ -687,14 +672,7 @@ async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_infe
         200,
         "reads still work"
     );
-    let m = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     assert!(metric(&m, "abserve_store_errors_total{operation=\"events\"}").unwrap() >= 2.0);
     if !exposed {
         assert!(metric(&m, "abserve_store_errors_total{operation=\"exposure\"}").unwrap() >= 1.0);

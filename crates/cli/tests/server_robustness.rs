@@ -7,24 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{metric, Server, MODEL_ID};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
-
-async fn metrics(c: &reqwest::Client, s: &Server) -> String {
-    c.get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
+use support::{client, metric, Server, MODEL_ID};
 
 enum Body {
     Json(Value),
@@ -147,7 +130,7 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let text = metrics(&c, &s).await;
+    let text = s.metrics().await;
     assert_eq!(
         metric(
             &text,
@@ -179,7 +162,7 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     // the answer can reach the client a step before the engine frees its cells: wait for idle
     let deadline = Instant::now() + Duration::from_secs(10);
     let idle = loop {
-        let m = metrics(&c, &s).await;
+        let m = s.metrics().await;
         if metric(&m, "abserve_requests_running") == Some(0.0)
             && metric(&m, "abserve_kv_cells_used") == Some(0.0)
         {
@@ -234,7 +217,7 @@ async fn burst_of_50_gets_only_200_and_429_and_memory_returns_to_idle() {
     // back to idle
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = metrics(&c, &s).await;
+        let m = s.metrics().await;
         let kv = metric(&m, "abserve_kv_cells_used").unwrap();
         let running = metric(&m, "abserve_requests_running").unwrap();
         if kv == idle_kv && running == 0.0 {
@@ -280,12 +263,12 @@ async fn dropping_ten_streams_frees_their_cells() {
             st.next().await.unwrap().unwrap();
         }
     }
-    let busy = metrics(&c, &s).await;
+    let busy = s.metrics().await;
     assert!(metric(&busy, "abserve_kv_cells_used").unwrap() > 100.0);
     drop(streams);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = metrics(&c, &s).await;
+        let m = s.metrics().await;
         if metric(&m, "abserve_kv_cells_used").unwrap() == 0.0 {
             assert!(metric(&m, "abserve_cancellations_total").unwrap() >= 10.0);
             assert_eq!(metric(&m, "abserve_requests_running").unwrap(), 0.0);
@@ -372,6 +355,6 @@ async fn queue_timeout_answers_429() {
     assert_eq!(r.status(), 429);
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(long.await.unwrap(), 200);
-    let m = metrics(&c, &s).await;
+    let m = s.metrics().await;
     assert!(metric(&m, "abserve_rejections_total{reason=\"queue_timeout\"}").unwrap() >= 1.0);
 }

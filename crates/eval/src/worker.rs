@@ -51,6 +51,22 @@ pub struct Tally {
     pub busy_micros: AtomicU64,
 }
 
+/// One delivery counted in `Tally::in_hand` until dropped, also when its task panics.
+struct InHand(Arc<Tally>);
+
+impl InHand {
+    fn count(tally: &Arc<Tally>) -> Self {
+        tally.in_hand.fetch_add(1, Ordering::Relaxed);
+        InHand(tally.clone())
+    }
+}
+
+impl Drop for InHand {
+    fn drop(&mut self) {
+        self.0.in_hand.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Ctx {
     target: Arc<Target>,
     publish: Channel,
@@ -120,7 +136,7 @@ pub async fn work(
             d = consumer.next() => match d {
                 Some(Ok(d)) => {
                     let ctx = ctx.clone();
-                    ctx.tally.in_hand.fetch_add(1, Ordering::Relaxed);
+                    let in_hand = InHand::count(&ctx.tally);
                     tasks.spawn(async move {
                         let t0 = std::time::Instant::now();
                         let r = handle(&ctx, &d).await;
@@ -132,7 +148,7 @@ pub async fn work(
                         }
                         let took = t0.elapsed().as_micros().min(u64::MAX as u128) as u64;
                         ctx.tally.busy_micros.fetch_add(took, Ordering::Relaxed);
-                        ctx.tally.in_hand.fetch_sub(1, Ordering::Relaxed);
+                        drop(in_hand);
                         r
                     });
                 }
@@ -267,4 +283,22 @@ async fn ack(d: &Delivery) -> Result<(), EvalError> {
     d.ack(BasicAckOptions::default())
         .await
         .map_err(amqp("acknowledging"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_task_that_panics_is_no_longer_counted_in_hand() {
+        let tally = Arc::new(Tally::default());
+        let in_hand = InHand::count(&tally);
+        assert_eq!(tally.in_hand.load(Ordering::Relaxed), 1);
+        let task = tokio::spawn(async move {
+            let _in_hand = in_hand;
+            panic!("a job task that panics");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert_eq!(tally.in_hand.load(Ordering::Relaxed), 0);
+    }
 }

@@ -182,6 +182,13 @@ impl Server {
         format!("{}{}", self.base, path)
     }
 
+    /// The text of `/metrics` now.
+    pub async fn metrics(&self) -> String {
+        let r = client().get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "/metrics");
+        r.text().await.unwrap()
+    }
+
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
@@ -216,6 +223,14 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// The tests' HTTP client: generous timeout (a request may wait behind others on 2 cores).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
 }
 
 /// Value of a Prometheus series `name{labels}` (labels as written, or the bare name), read with

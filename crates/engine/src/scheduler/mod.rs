@@ -290,53 +290,18 @@ impl Scheduler {
             return false;
         }
         self.ensure_room(be);
-        let plan = loop {
-            let plan = self.build_batch(be);
-            if plan.is_empty() {
+        let plan = match self.decode_batch(be) {
+            Ok(plan) => plan,
+            Err(ran) => {
                 self.publish();
-                return false;
-            }
-            let decoded = be.decode();
-            // llama.cpp applied pending stream copies at the start of that call
-            self.pinned.clear();
-            match decoded {
-                Ok(true) => break plan,
-                Ok(false) if self.evict_lru(be, None) => {
-                    // llama.cpp found no room: cached prefixes go first
-                    continue;
-                }
-                Ok(false) => {
-                    tracing::debug!("no KV slot for the batch; preempting");
-                    if !self.cfg.admission_control {
-                        // what a server without a memory plan does: the batch fails
-                        self.fail_batch(be, &plan, GenerationError::OutOfMemory);
-                        self.publish();
-                        return true;
-                    }
-                    if self.running.len() <= 1 {
-                        self.fail_batch(be, &plan, GenerationError::NoSlot);
-                        self.publish();
-                        return true;
-                    }
-                    self.preempt_newest(be);
-                }
-                Err(e) => {
-                    tracing::error!("llama_decode failed: {e}");
-                    self.fail_batch(be, &plan, GenerationError::Decode(e.to_string()));
-                    self.publish();
-                    return true;
-                }
+                return ran;
             }
         };
         let decode_only = plan.iter().all(|p| p.n == 1);
         let t_decode = t0.elapsed();
         // the step log's figures cost a sort per step: only when it is on
-        let runs =
-            tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG).then(|| {
-                let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
-                slots.sort_unstable();
-                slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
-            });
+        let runs = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG)
+            .then(|| self.slot_runs(&plan));
         self.after_decode(be, &plan);
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
@@ -363,6 +328,51 @@ impl Scheduler {
         }
         self.publish();
         true
+    }
+
+    /// Builds one batch and decodes it; when llama.cpp finds no KV room for it, cached prefixes
+    /// go first, then the newest sequence is preempted and the batch built again. `Err(ran)`:
+    /// nothing was decoded, and `ran` says whether the step still did something (a batch that
+    /// failed and whose sequences were told so).
+    fn decode_batch<C: Compute>(&mut self, be: &mut C) -> Result<Vec<batch::Planned>, bool> {
+        loop {
+            let plan = self.build_batch(be);
+            if plan.is_empty() {
+                return Err(false);
+            }
+            let decoded = be.decode();
+            // llama.cpp applied pending stream copies at the start of that call
+            self.pinned.clear();
+            match decoded {
+                Ok(true) => return Ok(plan),
+                Ok(false) if self.evict_lru(be, None) => continue,
+                Ok(false) if !self.cfg.admission_control => {
+                    // what a server without a memory plan does: the batch fails
+                    self.fail_batch(be, &plan, GenerationError::OutOfMemory);
+                    return Err(true);
+                }
+                Ok(false) if self.running.len() <= 1 => {
+                    self.fail_batch(be, &plan, GenerationError::NoSlot);
+                    return Err(true);
+                }
+                Ok(false) => {
+                    tracing::debug!("no KV slot for the batch; preempting");
+                    self.preempt_newest(be);
+                }
+                Err(e) => {
+                    tracing::error!("llama_decode failed: {e}");
+                    self.fail_batch(be, &plan, GenerationError::Decode(e.to_string()));
+                    return Err(true);
+                }
+            }
+        }
+    }
+
+    /// How many runs of consecutive slots a batch's sequences form (the step log's `runs`).
+    fn slot_runs(&self, plan: &[batch::Planned]) -> usize {
+        let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
+        slots.sort_unstable();
+        slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
     }
 
     fn reap_cancelled<C: Compute>(&mut self, be: &mut C) {
