@@ -107,9 +107,15 @@ fn eight_variants_at_twice_capacity_never_run_out_of_memory() {
         sent,
         "every request not turned away completed"
     );
+    // The first wave is the plan's capacity: those requests are admitted at once, each to its own
+    // slot that holds its whole prompt and answer, so every one of them completes however slow
+    // the machine is. How many of the later waves get a slot within the queue timeout depends on
+    // the machine's speed (a slow CI machine answered exactly the first 14, the rest 429), so
+    // the test does not count on them.
+    let capacity = r["plan"]["full_context_sequences"].as_u64().unwrap();
     assert!(
-        n(&report, "ok") >= 16,
-        "at least the plan's capacity answered: {}",
+        n(&report, "ok") >= capacity,
+        "at least the plan's capacity ({capacity}) answered: {}",
         brief(&report)
     );
     // the plan held: KV cells in use never exceeded the planned cache, memory stayed in the plan + 10%
