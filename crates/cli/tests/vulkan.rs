@@ -3,7 +3,8 @@
 //! binary in `ABSERVE_CPU_BIN`); the CPU suite does not compile it (required-features). Every layer is offloaded to the Vulkan
 //! device: it is listed, greedy answers agree with the CPU build's, the device plan is at least
 //! what llama.cpp allocated on the device, concurrent variants under a small --device-memory
-//! finish without out-of-memory errors, and /ready and /metrics show the device.
+//! finish without out-of-memory errors, /ready and /metrics show the device, and prefixes saved
+//! from the device KV restore into other slots.
 //!
 //! Run with `GGML_VK_VISIBLE_DEVICES=0` on lavapipe: ggml leaves Vulkan devices of type CPU out
 //! unless they are named (`scripts/test-vulkan.sh` sets it).
@@ -131,11 +132,8 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
     let device = vulkan_device();
     // lavapipe runs its shaders on the same two cores as llama.cpp's threads and the HTTP
     // server: a step takes seconds, so the request-head timeout is generous here.
-    // --prefix-store 0: saving and restoring sequence states with the KV on lavapipe (Mesa
-    // 22.3.6, Debian bookworm) crashes the process with SIGSEGV in a thread of
-    // libvulkan_lvp.so (seen under gdb, after /ready's probe left a prefix to save); without the
-    // prefix store the same load passes. The prefix store is llama.cpp's state API, which its own
-    // server uses on real GPUs; scripts/gpu-check.sh runs with it on.
+    // The prefix store is on (the default): finished prefixes are saved from the device KV to
+    // host memory, as scripts/gpu-check.sh does on a real GPU.
     let mut s = Server::start_bin(
         vulkan_bin(),
         &[
@@ -149,8 +147,6 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
             "512",
             "--header-read-timeout",
             "300",
-            "--prefix-store",
-            "0",
         ],
     );
     let log = s.log.lock().unwrap().clone();
@@ -238,6 +234,69 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
         (512u64 << 20) as f64
     );
     assert!(series("abserve_device_memory_total_bytes") > 0.0);
+    let saved = m.get(abserve_protocol::names::PREFIX_STORE_ENTRIES);
+    assert!(
+        saved.is_some_and(|n| n > 0.0),
+        "no prefix saved from the device KV: {saved:?}"
+    );
     eprintln!("{line}");
+    s.terminate();
+}
+
+/// Prefixes saved from the device KV (llama.cpp's sequence state) restore into another slot:
+/// 2 slots, 4 system prompts in turn, twice, so that each prompt's cached slot is gone when it
+/// comes back and its prefix is restored from the host-memory store.
+#[tokio::test(flavor = "multi_thread")]
+async fn prefixes_saved_from_the_device_restore_into_another_slot() {
+    let device = vulkan_device();
+    let mut s = Server::start_bin(
+        vulkan_bin(),
+        &[
+            "--gpu-layers",
+            "all",
+            "--device",
+            &device,
+            "--device-memory",
+            "512MiB",
+            "--context",
+            "512",
+            "--max-sequences",
+            "2",
+            "--header-read-timeout",
+            "300",
+        ],
+    );
+    let client = support::client();
+    for round in 1..=2 {
+        for v in 1..=4 {
+            let body = serde_json::json!({
+                "model": support::MODEL_ID,
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [
+                    {"role": "system", "content": format!(
+                        "You are support agent number {v} of the Acme company. Always answer in \
+                         one short sentence, politely, and mention the order number when the \
+                         customer gives one. Variant {v}.")},
+                    {"role": "user", "content": format!("Where is my order {round}?")},
+                ],
+            });
+            let r = client
+                .post(s.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("round {round}, prompt {v}: {e}"));
+            assert_eq!(r.status(), 200, "round {round}, prompt {v}");
+            let r: Value = r.json().await.unwrap();
+            assert!(r["usage"]["completion_tokens"].as_u64() > Some(0), "{r}");
+        }
+    }
+    let m = abserve_protocol::parse_prometheus(&s.metrics().await);
+    let restores = m.get(abserve_protocol::names::PREFIX_RESTORES);
+    assert!(
+        restores.is_some_and(|n| n >= 4.0),
+        "the second round should restore each prompt's prefix: {restores:?} restores"
+    );
     s.terminate();
 }
