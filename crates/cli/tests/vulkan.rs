@@ -123,6 +123,28 @@ fn greedy_tokens_agree_with_the_cpu_build_until_a_close_call() {
     );
 }
 
+/// A Vulkan server with every layer on `device`, a 512 MiB device budget and `extra` flags. The
+/// prefix store is on (the default): finished prefixes are saved from the device KV to host
+/// memory, as scripts/gpu-check.sh does on a real GPU. lavapipe runs its shaders on the same two
+/// cores as llama.cpp's threads and the HTTP server: a step takes seconds, so the request-head
+/// timeout is generous.
+fn device_server(device: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--gpu-layers",
+        "all",
+        "--device",
+        device,
+        "--device-memory",
+        "512MiB",
+        "--context",
+        "512",
+        "--header-read-timeout",
+        "300",
+    ];
+    args.extend_from_slice(extra);
+    Server::start_bin(vulkan_bin(), &args)
+}
+
 /// A server with every layer on the device and a small device budget: the plan covers what
 /// llama.cpp allocated in device buffers, 4 variants × 2 prompts, 4 at a time, finish without
 /// out-of-memory errors (lavapipe makes about 2 tokens/s here: the load is small so that the set
@@ -130,25 +152,7 @@ fn greedy_tokens_agree_with_the_cpu_build_until_a_close_call() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_on_the_device_stays_within_its_device_plan() {
     let device = vulkan_device();
-    // lavapipe runs its shaders on the same two cores as llama.cpp's threads and the HTTP
-    // server: a step takes seconds, so the request-head timeout is generous here.
-    // The prefix store is on (the default): finished prefixes are saved from the device KV to
-    // host memory, as scripts/gpu-check.sh does on a real GPU.
-    let mut s = Server::start_bin(
-        vulkan_bin(),
-        &[
-            "--gpu-layers",
-            "all",
-            "--device",
-            &device,
-            "--device-memory",
-            "512MiB",
-            "--context",
-            "512",
-            "--header-read-timeout",
-            "300",
-        ],
-    );
+    let mut s = device_server(&device, &[]);
     let log = s.log.lock().unwrap().clone();
     let line = log
         .lines()
@@ -249,23 +253,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
 #[tokio::test(flavor = "multi_thread")]
 async fn prefixes_saved_from_the_device_restore_into_another_slot() {
     let device = vulkan_device();
-    let mut s = Server::start_bin(
-        vulkan_bin(),
-        &[
-            "--gpu-layers",
-            "all",
-            "--device",
-            &device,
-            "--device-memory",
-            "512MiB",
-            "--context",
-            "512",
-            "--max-sequences",
-            "2",
-            "--header-read-timeout",
-            "300",
-        ],
-    );
+    let mut s = device_server(&device, &["--max-sequences", "2"]);
     let client = support::client();
     for round in 1..=2 {
         for v in 1..=4 {
