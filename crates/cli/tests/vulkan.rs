@@ -222,13 +222,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
     );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["by_class"]["ok"], 8, "{}", r["by_class"]);
-    let metrics = reqwest::get(s.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let m = abserve_protocol::parse_prometheus(&metrics);
+    let m = abserve_protocol::parse_prometheus(&s.metrics().await);
     let series = |n: &str| {
         m.get(&format!("{n}{{device=\"{device}\"}}"))
             .unwrap_or_else(|| panic!("{n} missing"))
