@@ -13,6 +13,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 use support::{model, Server};
@@ -153,11 +154,9 @@ fn device_server(device: &str, extra: &[&str]) -> Server {
 async fn a_server_on_the_device_stays_within_its_device_plan() {
     let device = vulkan_device();
     let mut s = device_server(&device, &[]);
-    let log = s.log.lock().unwrap().clone();
-    let line = log
-        .lines()
-        .find(|l| l.contains("in device buffers"))
-        .unwrap_or_else(|| panic!("no device comparison in the log: {log}"));
+    let line = s
+        .log_line("in device buffers", Duration::from_secs(10))
+        .unwrap_or_else(|log| panic!("no device comparison in the log: {log}"));
     assert!(!line.contains("under-estimated"), "{line}");
     let ready: Value = reqwest::get(s.url("/ready"))
         .await

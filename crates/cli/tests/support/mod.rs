@@ -178,6 +178,23 @@ impl Server {
         }
     }
 
+    /// The first line of the server's log that contains `needle`, waiting up to `within` for it.
+    /// stderr is read by its own thread, so a line the server wrote before it printed its address
+    /// (or before it exited) can reach `log` after the test has moved on; `Err` holds the log.
+    pub fn log_line(&self, needle: &str, within: Duration) -> Result<String, String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let log = self.log.lock().unwrap().clone();
+            if let Some(line) = log.lines().find(|l| l.contains(needle)) {
+                return Ok(line.to_string());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(log);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
