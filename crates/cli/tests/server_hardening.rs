@@ -352,12 +352,11 @@ async fn finding6_slow_clients_are_closed_and_shutdown_ends_within_the_drain_tim
         "exit took {:?} with --drain-timeout 2",
         t.elapsed()
     );
-    if let Err(log) = s.log_line(
+    s.log_line(
         "drain timeout of 2s reached: cutting 1 open connections",
         Duration::from_secs(10),
-    ) {
-        panic!("no drain-timeout line in the log: {log}");
-    }
+    )
+    .unwrap_or_else(|log| panic!("no drain-timeout line in the log: {log}"));
     drop(half);
 }
 
