@@ -1,0 +1,11 @@
+# Included by llama.cpp's top CMakeLists.txt right after its project("llama.cpp") call:
+# .cargo/config.toml sets CMAKE_PROJECT_llama.cpp_INCLUDE to this file, and llama-cpp-sys-2's
+# build script passes every CMAKE_* variable of its environment on to CMake.
+#
+# llama-cpp-2 depends on llama-cpp-sys-2 with its default features, so llama-cpp-sys-2's `common`
+# feature is always on and its build script asks CMake for llama.cpp's `common` library (argument
+# parsing, chat parsing, downloads, cpp-httplib). abserve uses none of it: llama-cpp-2's own
+# `common` feature is off, so nothing links against it. Building it took about 40% of each
+# llama.cpp build (CPU, Vulkan, CUDA). A normal variable set here shadows the cache entry the
+# build script defines (policy CMP0077: option() leaves an existing normal variable alone).
+set(LLAMA_BUILD_COMMON OFF)
