@@ -33,8 +33,18 @@ fn abserve_with_peak_rss(args: &[&str]) -> (Output, u64) {
         .expect("run abserve");
     // plan's output is small: reading stdout to its end before stderr cannot block the child
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
     let mut status = 0;
     // SAFETY: plain syscall on our own child's pid with valid out-pointers; the child is reaped
     // here, so `child` must not be waited for again
@@ -77,7 +87,8 @@ fn assert_clean_error(out: &Output, needle: &str) {
 #[test]
 fn plan_json_matches_the_kv_formula_for_the_default_model() {
     let m = model();
-    let (out, peak_rss) = abserve_with_peak_rss(&["plan", "--json", "--model", m.to_str().unwrap()]);
+    let (out, peak_rss) =
+        abserve_with_peak_rss(&["plan", "--json", "--model", m.to_str().unwrap()]);
     let v = json(&out);
     let h = GgufHeader::read(&m).unwrap();
     // the plan reads the GGUF header only: loading the weights would put them in the process
