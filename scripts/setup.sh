@@ -8,9 +8,6 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null || need+=(libclang-dev)
-# llama.cpp's CMake compiles through ccache when it finds one: the Vulkan and CUDA builds then
-# take the CPU build's objects for every file their backend does not change (.cargo/config.toml)
-command -v ccache >/dev/null 2>&1 || need+=(ccache)
 # promtool checks the /metrics output in the tests
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # headless Chromium renders abserve eval's HTML report in the tests
