@@ -9,7 +9,7 @@ use abserve_protocol::names;
 use std::path::PathBuf;
 use std::process::Command;
 
-use support::Server;
+use support::{status, Server};
 
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
@@ -90,12 +90,7 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
     let c = reqwest::Client::new();
     let body = serde_json::json!({"model": "experiment:e", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "user": "u"});
     assert_eq!(
-        c.post(s.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.post(s.url("/v1/chat/completions")).json(&body)).await,
         200
     );
     // the SRM p-value is refreshed in the background (at start, then every 30 s)

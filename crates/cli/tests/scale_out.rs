@@ -18,7 +18,7 @@ use futures::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
-use support::{client, exclusive, model, Server};
+use support::{client, exclusive, model, status, Server};
 
 fn amqp_url() -> String {
     std::env::var("ABSERVE_TEST_AMQP")
@@ -48,12 +48,7 @@ async fn two_replicas_on_one_postgres_share_experiments_exposures_events_and_res
         {"id": "a", "system": "Answer in one word.", "temperature": 0.0, "max_tokens": 1},
         {"id": "b", "system": "Answer in one word.", "temperature": 0.0, "max_tokens": 1}]});
     assert_eq!(
-        c.post(a.url("/v1/experiments"))
-            .json(&def)
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.post(a.url("/v1/experiments")).json(&def)).await,
         201
     );
     // created on A, routed on B within 10 s
@@ -157,14 +152,7 @@ async fn two_replicas_on_one_postgres_share_experiments_exposures_events_and_res
     assert_eq!(n(&rb), 40, "every unit's events count: {rb}");
     assert_eq!(ra, rb, "both replicas give the same results");
     // a delete on B stops routing on A
-    assert_eq!(
-        c.delete(b.url("/v1/experiments/shared"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(status(c.delete(b.url("/v1/experiments/shared"))).await, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
     while c
         .get(a.url("/v1/experiments/shared"))

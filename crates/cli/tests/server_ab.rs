@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use serde_json::{json, Value};
-use support::{client, kill9, metric, Server};
+use support::{client, kill9, metric, status, Server};
 
 fn two_identical(name: &str) -> Value {
     json!({
@@ -354,20 +354,15 @@ async fn bad_definitions_and_unknown_experiments_are_4xx() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(
-        c.get(s.url("/v1/experiments/nope/results"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.get(s.url("/v1/experiments/nope/results"))).await,
         404
     );
     assert_eq!(
-        c.post(s.url("/v1/experiments/nope/events"))
-            .json(&json!({"unit": "u", "metric": "m", "value": 1}))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(
+            c.post(s.url("/v1/experiments/nope/events"))
+                .json(&json!({"unit": "u", "metric": "m", "value": 1}))
+        )
+        .await,
         404
     );
     // forced variant for QA
@@ -394,21 +389,7 @@ async fn bad_definitions_and_unknown_experiments_are_4xx() {
         "forced exposures are excluded from stats"
     );
     // still serving
-    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
-    assert_eq!(
-        c.delete(s.url("/v1/experiments/ok"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        c.get(s.url("/v1/experiments/ok"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
+    assert_eq!(status(c.get(s.url("/health"))).await, 200);
+    assert_eq!(status(c.delete(s.url("/v1/experiments/ok"))).await, 200);
+    assert_eq!(status(c.get(s.url("/v1/experiments/ok"))).await, 404);
 }

@@ -4,7 +4,7 @@ mod support;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{client, metric, Server, MODEL_ID};
+use support::{client, metric, status, Server, MODEL_ID};
 
 async fn post(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     let r = c.post(url).json(&body).send().await.unwrap();
@@ -206,8 +206,8 @@ async fn api_key_is_required_on_v1_only() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
-    assert_eq!(c.get(s.url("/ready")).send().await.unwrap().status(), 200);
+    assert_eq!(status(c.get(s.url("/health"))).await, 200);
+    assert_eq!(status(c.get(s.url("/ready"))).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{client, metric, Server, MODEL_ID};
+use support::{client, metric, status, Server, MODEL_ID};
 
 fn experiment(name: &str, variants: Value) -> Value {
     json!({"name": name, "variants": variants})
@@ -79,14 +79,7 @@ async fn finding1_a_template_that_renders_100_mb_is_refused_and_health_stays_fas
         worst < Duration::from_secs(1),
         "/health took {worst:?} while templates rendered"
     );
-    assert_eq!(
-        c.get(s.url("/v1/experiments/bomb"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
+    assert_eq!(status(c.get(s.url("/v1/experiments/bomb"))).await, 404);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -159,12 +152,7 @@ async fn finding3_variant_settings_are_checked_by_the_request_rules_when_created
         json!([{"id": "a", "temperature": 0.5, "stop": ["\n"], "max_tokens": 4}, {"id": "b"}]),
     );
     assert_eq!(
-        c.post(s.url("/v1/experiments"))
-            .json(&ok)
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.post(s.url("/v1/experiments")).json(&ok)).await,
         201
     );
     let r = c
@@ -196,11 +184,7 @@ async fn finding4_cross_site_writes_are_refused_and_cors_is_off_unless_allowed()
         .unwrap()
         .contains("application/json"));
     assert_eq!(
-        c.get(s.url("/v1/experiments/csrf"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.get(s.url("/v1/experiments/csrf"))).await,
         404,
         "nothing was created"
     );
@@ -372,21 +356,19 @@ async fn finding7_a_fanout_is_queued_whole_or_refused_with_the_reason() {
         )
     };
     assert_eq!(
-        c.post(s.url("/v1/experiments"))
-            .json(&experiment("wide", variants(10)))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(
+            c.post(s.url("/v1/experiments"))
+                .json(&experiment("wide", variants(10)))
+        )
+        .await,
         201
     );
     assert_eq!(
-        c.post(s.url("/v1/experiments"))
-            .json(&experiment("six", variants(6)))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(
+            c.post(s.url("/v1/experiments"))
+                .json(&experiment("six", variants(6)))
+        )
+        .await,
         201
     );
     let r = c
@@ -432,12 +414,11 @@ async fn finding8_events_in_the_documented_list_form_are_accepted() {
     let s = Server::start(&[]);
     let c = client();
     assert_eq!(
-        c.post(s.url("/v1/experiments"))
-            .json(&experiment("ev", json!([{"id": "a"}, {"id": "b"}])))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(
+            c.post(s.url("/v1/experiments"))
+                .json(&experiment("ev", json!([{"id": "a"}, {"id": "b"}])))
+        )
+        .await,
         201
     );
     let list = json!([{"unit": "u1", "metric": "clicks", "value": 1}, {"unit": "u2", "metric": "clicks", "value": 0}]);
@@ -455,12 +436,7 @@ async fn finding8_events_in_the_documented_list_form_are_accepted() {
     );
     let one = json!({"unit": "u3", "metric": "clicks", "value": 1});
     assert_eq!(
-        c.post(s.url("/v1/experiments/ev/events"))
-            .json(&one)
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.post(s.url("/v1/experiments/ev/events")).json(&one)).await,
         200
     );
 }
@@ -494,12 +470,7 @@ async fn finding9_the_experiments_file_wins_at_start_unless_stored_definitions_a
     {
         let s = Server::start(&["--experiments", &file_s, "--data-dir", &data_s]);
         assert_eq!(
-            c.put(s.url("/v1/experiments/p"))
-                .json(&changed)
-                .send()
-                .await
-                .unwrap()
-                .status(),
+            status(c.put(s.url("/v1/experiments/p")).json(&changed)).await,
             200
         );
         assert_eq!(weights(&s).await, 3.0);
@@ -519,12 +490,7 @@ async fn finding9_the_experiments_file_wins_at_start_unless_stored_definitions_a
             "and the log says so"
         );
         assert_eq!(
-            c.put(s.url("/v1/experiments/p"))
-                .json(&changed)
-                .send()
-                .await
-                .unwrap()
-                .status(),
+            status(c.put(s.url("/v1/experiments/p")).json(&changed)).await,
             200
         );
     }
@@ -610,26 +576,25 @@ async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_infe
     };
     let s = Server::start(&["--data-dir", &data]);
     assert_eq!(
-        c.post(s.url("/v1/experiments"))
-            .json(&experiment("full", json!([{"id": "a"}, {"id": "b"}])))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(
+            c.post(s.url("/v1/experiments"))
+                .json(&experiment("full", json!([{"id": "a"}, {"id": "b"}])))
+        )
+        .await,
         201
     );
     assert_eq!(post_events(&s, batch("b1", 100)).await.0, 200);
     let filler = fs.0.join("filler");
     fill(&filler);
     // the disk is full: writes are refused with the reason, nothing half-written
-    let (status, body) = post_events(&s, batch("b2", 10_000)).await;
-    assert_eq!(status, 507, "{body}");
+    let (code, body) = post_events(&s, batch("b2", 10_000)).await;
+    assert_eq!(code, 507, "{body}");
     assert!(
         body["error"]["message"].as_str().unwrap().contains("full"),
         "{body}"
     );
-    let (status, _) = post_events(&s, batch("b3", 10_000)).await;
-    assert_eq!(status, 507);
+    let (code, _) = post_events(&s, batch("b3", 10_000)).await;
+    assert_eq!(code, 507);
     // a small write may still fit in file space SQLite's WAL already holds (the refused batches'
     // frames are reused): then it is acknowledged and must last; otherwise it is refused
     let more = c
@@ -644,12 +609,7 @@ async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_infe
     // inference keeps serving, on the plain model and through the experiment
     let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "user": "u1"});
     assert_eq!(
-        c.post(s.url("/v1/chat/completions"))
-            .json(&chat(MODEL_ID))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.post(s.url("/v1/chat/completions")).json(&chat(MODEL_ID))).await,
         200
     );
     let r = c
@@ -664,11 +624,7 @@ async fn a_full_disk_refuses_writes_with_507_loses_nothing_acknowledged_and_infe
         .as_bool()
         .unwrap();
     assert_eq!(
-        c.get(s.url("/v1/experiments/full/results"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status(c.get(s.url("/v1/experiments/full/results"))).await,
         200,
         "reads still work"
     );

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{client, metric, Server, MODEL_ID};
+use support::{client, metric, status, Server, MODEL_ID};
 
 enum Body {
     Json(Value),
@@ -94,19 +94,8 @@ async fn malformed_requests_get_the_documented_4xx_and_the_server_keeps_serving(
         .unwrap();
     assert_eq!(r.status(), 401);
     // wrong method and unknown path
-    assert_eq!(
-        c.get(s.url(chat))
-            .bearer_auth("k")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        405
-    );
-    assert_eq!(
-        c.get(s.url("/v2/nothing")).send().await.unwrap().status(),
-        404
-    );
+    assert_eq!(status(c.get(s.url(chat)).bearer_auth("k")).await, 405);
+    assert_eq!(status(c.get(s.url("/v2/nothing"))).await, 404);
     // the too-long prompt's message names the numbers
     let r = c
         .post(s.url(chat))

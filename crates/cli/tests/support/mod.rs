@@ -250,6 +250,11 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends a request and returns its status (the tests' `assert_eq!(status(c.get(url)).await, 200)`).
+pub async fn status(request: reqwest::RequestBuilder) -> reqwest::StatusCode {
+    request.send().await.unwrap().status()
+}
+
 /// Value of a Prometheus series `name{labels}` (labels as written, or the bare name), read with
 /// the same parser loadtest uses.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
