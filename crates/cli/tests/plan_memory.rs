@@ -5,16 +5,15 @@
 //! moment of exec, so other tests in the same process (one of cli.rs reads the whole model into
 //! memory) would inflate it. That can only make the check stricter, never let a load pass.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::Command;
 
 use abserve_engine::gguf::GgufHeader;
 
 #[test]
 fn plan_peak_rss_stays_below_half_the_weights() {
-    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(m.exists(), "default model missing: run scripts/setup.sh");
+    let m = support::model();
     let out = Command::new(env!("CARGO_BIN_EXE_abserve"))
         .args(["plan", "--json", "--model", m.to_str().unwrap()])
         .output()
