@@ -48,4 +48,4 @@ pub use store::{
     OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError,
     VariantResult, ALPHA, CHANNEL,
 };
-pub use variant::{Message, Sampling, VariantError};
+pub use variant::VariantError;

@@ -1,38 +1,13 @@
 //! One variant API: what a variant does to a request — its messages (system prompt and user
 //! template) and its sampling settings. The server's chat and completions routes, its fan-out
-//! and `abserve eval` all go through here, so a variant means the same thing everywhere.
+//! and `abserve eval` all go through here (then through the engine's one preparation stage,
+//! `abserve_engine::prepare`), so a variant means the same thing everywhere.
 
+use abserve_protocol::wire::Stop;
+use abserve_protocol::{ChatMessage as Message, Sampling};
 use serde_json::Value;
 
 use crate::experiment::{render, render_row, Variant};
-
-/// A chat message (role and text).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-impl Message {
-    pub fn new(role: &str, content: &str) -> Self {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
-
-/// A variant's sampling settings; `None` leaves the request's (or the default) value.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sampling {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub max_tokens: Option<u32>,
-    pub seed: Option<u64>,
-    pub stop: Option<Vec<String>>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-}
 
 /// A template that does not render for this input, with the variant named.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,16 +25,31 @@ impl Variant {
         }
     }
 
+    /// The variant's sampling settings as the one [`Sampling`] struct (the variant's own
+    /// fields stay, since `deny_unknown_fields` forbids flattening: this is the one conversion).
     pub fn sampling(&self) -> Sampling {
+        let f = |x: Option<f32>| x.map(f64::from);
         Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            max_tokens: self.max_tokens,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
+            temperature: f(self.temperature),
+            top_p: f(self.top_p),
+            max_tokens: self.max_tokens.map(i64::from),
+            // OpenAI's seed is signed; a seed above i64::MAX keeps its bits
+            seed: self.seed.map(|s| s as i64),
+            stop: self.stop.clone().map(Stop::Many),
+            presence_penalty: f(self.presence_penalty),
+            frequency_penalty: f(self.frequency_penalty),
+            ..Default::default()
         }
+    }
+
+    /// A chat request as this variant sends it: its conversation ([`Variant::chat`]) and its
+    /// sampling settings over the request's.
+    pub fn apply(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+    ) -> Result<(Vec<Message>, Sampling), VariantError> {
+        Ok((self.chat(messages)?, sampling.overlaid(&self.sampling())))
     }
 
     /// A conversation as this variant sends it: its system prompt (when it has one) replaces
@@ -176,6 +166,17 @@ mod tests {
                 max_tokens: Some(9),
                 ..Default::default()
             }
+        );
+        // over a request: the variant's settings win where it has them
+        let req = Sampling {
+            temperature: Some(1.5),
+            top_p: Some(0.5),
+            ..Default::default()
+        };
+        let (_, s) = v.apply(&[Message::new("user", "hi")], &req).unwrap();
+        assert_eq!(
+            (s.temperature, s.top_p, s.max_tokens),
+            (Some(0.5), Some(0.5), Some(9))
         );
         let bad = variant(None, "{{ missing }}");
         let e = bad.chat_for_input("x").unwrap_err();

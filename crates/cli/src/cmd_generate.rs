@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use abserve_engine::plan::{human_bytes, peak_rss};
-use abserve_engine::ChatMessage;
-use abserve_engine::{Engine, Request, SamplingParams};
+use abserve_engine::prepare::{Input, Options, Prepared};
+use abserve_engine::{ChatMessage, Engine};
+use abserve_protocol::Sampling;
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
@@ -45,75 +46,73 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
+/// One line of `--prompts`: a prompt or messages, the one [`Sampling`] (flattened), and the
+/// options that are not sampling settings.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PromptLine {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
+    logprobs: Option<u32>,
+    ignore_eos: Option<bool>,
     #[serde(flatten)]
-    params: SamplingParams,
+    sampling: Sampling,
 }
 
-struct Job {
-    prompt_tokens: Vec<i32>,
-    params: SamplingParams,
-}
-
-fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
-    let base = SamplingParams {
-        temperature: a.temperature,
-        max_tokens: a.max_tokens,
-        seed: a.seed,
-        ignore_eos: a.ignore_eos,
-        logprobs: a.logprobs,
+/// The command line's settings, under each prompt line's own.
+fn base_sampling(a: &GenerateArgs) -> Sampling {
+    Sampling {
+        temperature: Some(f64::from(a.temperature)),
+        max_tokens: Some(i64::from(a.max_tokens)),
+        seed: a.seed.map(|s| s as i64),
         ..Default::default()
-    };
+    }
+}
+
+fn options(a: &GenerateArgs, logprobs: Option<u32>, ignore_eos: Option<bool>) -> Options {
+    Options {
+        logprobs: logprobs.or(a.logprobs),
+        ignore_eos: ignore_eos.unwrap_or(a.ignore_eos),
+        ..Options::new(a.max_tokens)
+    }
+}
+
+/// Every prompt, prepared as the server prepares a request (`abserve_engine::prepare`).
+fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepared>> {
+    let base = base_sampling(a);
     let mut jobs = Vec::new();
-    for p in &a.prompts {
-        let text = if a.chat {
-            engine.render_chat(&[ChatMessage::new("user", p)])?
+    for (i, p) in a.prompts.iter().enumerate() {
+        let messages = [ChatMessage::new("user", p)];
+        let input = if a.chat {
+            Input::Chat(&messages)
         } else {
-            p.clone()
+            Input::Text(p)
         };
-        jobs.push(Job {
-            prompt_tokens: engine.tokenize(&text),
-            params: base.clone(),
-        });
+        let job = engine
+            .prepare(input, &base, &options(a, None, None))
+            .map_err(|e| anyhow::anyhow!("--prompt {}: {}: {e}", i + 1, e.field))?;
+        jobs.push(job);
     }
     if let Some(f) = &a.prompts_file {
         let file =
             std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
         for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let line =
-                line.with_context(|| format!("{}: cannot read line {}", f.display(), i + 1))?;
+            let at = || format!("{} line {}", f.display(), i + 1);
+            let line = line.with_context(|| format!("{}: cannot read", at()))?;
             if line.trim().is_empty() {
                 continue;
             }
-            let mut v: serde_json::Value = serde_json::from_str(&line)
-                .with_context(|| format!("{} line {}: not JSON", f.display(), i + 1))?;
-            // fill unspecified sampling params from the command line
-            if let Some(o) = v.as_object_mut() {
-                o.entry("max_tokens").or_insert(a.max_tokens.into());
-                o.entry("temperature").or_insert(a.temperature.into());
-                if let Some(s) = a.seed {
-                    o.entry("seed").or_insert(s.into());
-                }
-            }
-            let pl: PromptLine = serde_json::from_value(v)
-                .with_context(|| format!("{} line {}", f.display(), i + 1))?;
-            let text = match (pl.prompt, pl.messages) {
-                (Some(p), None) => p,
-                (None, Some(m)) => engine.render_chat(&m)?,
-                _ => anyhow::bail!(
-                    "{} line {}: give exactly one of prompt or messages",
-                    f.display(),
-                    i + 1
-                ),
+            let pl: PromptLine = serde_json::from_str(&line).with_context(at)?;
+            let sampling = base.overlaid(&pl.sampling);
+            let input = match (&pl.prompt, &pl.messages) {
+                (Some(p), None) => Input::Text(p),
+                (None, Some(m)) => Input::Chat(m),
+                _ => anyhow::bail!("{}: give exactly one of prompt or messages", at()),
             };
-            jobs.push(Job {
-                prompt_tokens: engine.tokenize(&text),
-                params: pl.params,
-            });
+            let job = engine
+                .prepare(input, &sampling, &options(a, pl.logprobs, pl.ignore_eos))
+                .map_err(|e| anyhow::anyhow!("{}: {}: {e}", at(), e.field))?;
+            jobs.push(job);
         }
     }
     if jobs.is_empty() {
@@ -123,7 +122,12 @@ fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Job>> {
 }
 
 /// One finished generation, as a JSON line or a header line and the text.
-fn print_output(i: usize, o: &abserve_engine::Output, json: bool) -> anyhow::Result<()> {
+fn print_output(
+    i: usize,
+    prompt: &[i32],
+    o: &abserve_engine::Output,
+    json: bool,
+) -> anyhow::Result<()> {
     let c = &o.completion;
     let gen_time = c
         .total_time
@@ -143,7 +147,7 @@ fn print_output(i: usize, o: &abserve_engine::Output, json: bool) -> anyhow::Res
         println!(
             "{}",
             serde_json::json!({
-                "index": i, "text": o.text, "tokens": o.tokens,
+                "index": i, "text": o.text, "tokens": o.tokens, "prompt_token_ids": prompt,
                 "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                 "finish_reason": c.finish_reason, "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
                 "total_ms": c.total_time.as_secs_f64() * 1e3, "tokens_per_second": tps,
@@ -179,13 +183,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
         let rx = engine
-            .submit(Request {
-                prompt: j.prompt_tokens.clone(),
-                params: j.params.clone(),
-                group: None,
-                priority: false,
-                kv_share: None,
-            })
+            .submit(j.clone().request())
             .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?;
         receivers.push(rx);
     }
@@ -200,7 +198,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         match h.join().expect("collector thread") {
             Ok(o) => {
                 total_tokens += o.completion.completion_tokens;
-                print_output(i, &o, a.json)?;
+                print_output(i, &jobs[i].prompt, &o, a.json)?;
             }
             Err(e) => {
                 failed += 1;

@@ -158,10 +158,12 @@ impl Model {
         Ok(Model { inner })
     }
 
-    pub fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
+    /// Token ids of `text`, special tokens parsed, nothing added (BOS is the preparation
+    /// stage's rule: [`crate::prepare::text_tokens`]).
+    pub fn tokenize(&self, text: &str) -> Vec<i32> {
         self.inner
             .vocab()
-            .tokenize(text.as_bytes(), add_special, true)
+            .tokenize(text.as_bytes(), false, true)
             .into_iter()
             .map(|t| t.0)
             .collect()
@@ -172,6 +174,12 @@ impl Model {
         self.inner
             .vocab()
             .token_to_piece(LlamaToken(token), false, None)
+    }
+
+    /// The BOS token, when the vocabulary asks for one at the start of every prompt.
+    pub fn bos(&self) -> Option<i32> {
+        let v = self.inner.vocab();
+        v.should_add_bos().then(|| v.bos().0)
     }
 
     pub fn is_eog(&self, token: i32) -> bool {

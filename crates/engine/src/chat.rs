@@ -4,23 +4,8 @@
 //! Using the template shipped in the GGUF, instead of a hand-written format per model family,
 //! is what makes a chat request produce exactly the prompt the model was trained on.
 
+pub use abserve_protocol::ChatMessage;
 use minijinja::{context, Environment, Error, ErrorKind};
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ChatTemplateError {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use abserve_protocol::Sampling;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -19,6 +20,7 @@ use crate::plan::{
     available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, Offload,
     PlanRequest,
 };
+use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{
     Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
@@ -257,6 +259,8 @@ pub struct MeasuredMemory {
 
 enum Command {
     Submit(Request, crate::request::EventSender),
+    /// Members admitted together (see `Scheduler::enqueue_gang`).
+    SubmitGroup(Vec<(Request, crate::request::EventSender)>),
     Shutdown,
 }
 
@@ -470,19 +474,27 @@ impl Engine {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    pub fn tokenize(&self, text: &str) -> Vec<i32> {
-        self.model.tokenize(text, true)
+    /// The tokens of a text prompt (special tokens parsed, BOS first once when the vocabulary
+    /// asks for it: [`prepare::text_tokens`]).
+    pub fn prompt_tokens(&self, text: &str) -> Vec<i32> {
+        prepare::text_tokens(self, text)
     }
 
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        match &self.chat {
-            Ok(t) => t.render(messages, true),
-            Err(e) => Err(e.clone()),
-        }
-    }
-
-    pub fn chat_template(&self) -> Result<&ChatTemplate, &ChatTemplateError> {
-        self.chat.as_ref()
+    /// An input and its sampling settings as a request of this engine's context (the one
+    /// preparation stage: [`crate::prepare`]).
+    pub fn prepare(
+        &self,
+        input: Input<'_>,
+        sampling: &Sampling,
+        options: &Options,
+    ) -> Result<Prepared, PrepareError> {
+        prepare::prepare(
+            self,
+            input,
+            sampling,
+            options,
+            Limits::context(self.plan.context as usize),
+        )
     }
 
     /// Queues a request; events arrive on the returned channel. Dropping the receiver cancels
@@ -493,33 +505,32 @@ impl Engine {
         self.send(req)
     }
 
-    /// Queues requests as one group (a fan-out): all of them, or none when the slots and the
-    /// queue have no room for all (`QueueFull`), or never could (`GroupTooLarge`). Once
-    /// accepted, every member runs; none is turned away for a later one.
+    /// Queues requests as one group (a fan-out, `n` choices, a multi-prompt completion): all of
+    /// them, or none when the slots and the queue have no room for all (`QueueFull`), or never
+    /// could (`GroupTooLarge`). Once accepted, the scheduler admits the members together in one
+    /// step, or none of them (they wait whole); none is turned away for a later one.
     pub fn submit_group(
         &self,
         reqs: Vec<Request>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
+        use std::sync::atomic::Ordering;
         for r in &reqs {
             self.check(r)?;
         }
-        self.reserve(reqs.len(), false)?;
         let n = reqs.len();
-        let mut out = Vec::with_capacity(n);
-        for (i, r) in reqs.into_iter().enumerate() {
-            match self.send(r) {
-                Ok(rx) => out.push(rx),
-                Err(e) => {
-                    // the engine stopped: release the places of the members never sent
-                    use std::sync::atomic::Ordering;
-                    self.stats
-                        .inflight
-                        .fetch_sub((n - i - 1) as u64, Ordering::SeqCst);
-                    return Err(e);
-                }
-            }
+        self.reserve(n, false)?;
+        let (members, rxs): (Vec<_>, Vec<_>) = reqs
+            .into_iter()
+            .map(|r| {
+                let (tx, rx) = unbounded_channel();
+                ((r, tx), rx)
+            })
+            .unzip();
+        if self.tx.send(Command::SubmitGroup(members)).is_err() {
+            self.stats.inflight.fetch_sub(n as u64, Ordering::SeqCst);
+            return Err(SubmitError::ShuttingDown);
         }
-        Ok(out)
+        Ok(rxs)
     }
 
     /// What the engine itself requires of a request (the server's validation comes first).
@@ -592,6 +603,24 @@ impl Engine {
     }
 }
 
+impl Tokenizer for Engine {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+        match &self.chat {
+            Ok(t) => t.render(messages, true),
+            Err(e) => Err(e.clone()),
+        }
+    }
+    fn tokenize(&self, text: &str) -> Vec<i32> {
+        self.model.tokenize(text)
+    }
+    fn bos(&self) -> Option<i32> {
+        self.model.bos()
+    }
+    fn n_vocab(&self) -> usize {
+        self.model.n_vocab()
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
@@ -603,6 +632,10 @@ fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: Receiver<Command>
         match cmd {
             Command::Submit(req, tx) => {
                 sched.enqueue(req, tx);
+                true
+            }
+            Command::SubmitGroup(members) => {
+                sched.enqueue_gang(members);
                 true
             }
             Command::Shutdown => false,

@@ -7,6 +7,8 @@
 //!   takes [`Request`]s; each answers on its own channel of [`Event`]s ([`collect`] folds them);
 //! - `scheduler`: admission, KV slots and cells, prefix reuse, batching, preemption (see
 //!   docs/engine.md), with [`EngineStats`] as the only shared state;
+//! - [`prepare`]: the one preparation stage every caller goes through (messages or a prompt →
+//!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
 mod backend;
@@ -14,6 +16,7 @@ mod chat;
 mod collect;
 pub mod device;
 mod engine;
+pub mod prepare;
 mod request;
 mod sampler;
 mod scheduler;

@@ -21,7 +21,7 @@ const PROMPTS: [&str; 8] = [
 #[test]
 fn eight_greedy_prompts_agree_alone_and_together() {
     let engine = Engine::start(common::config()).unwrap();
-    let prompts: Vec<Vec<i32>> = PROMPTS.iter().map(|p| engine.tokenize(p)).collect();
+    let prompts: Vec<Vec<i32>> = PROMPTS.iter().map(|p| engine.prompt_tokens(p)).collect();
     let params = SamplingParams::greedy(48);
     let alone: Vec<Vec<i32>> = prompts
         .iter()
@@ -55,11 +55,11 @@ fn long_prefix(engine: &Engine) -> Vec<i32> {
         "You are a careful assistant. Read the policy below and answer the question at the end.\n",
     );
     let mut i = 1;
-    while engine.tokenize(&text).len() < 400 {
+    while engine.prompt_tokens(&text).len() < 400 {
         text.push_str(&format!("Rule {i}: orders over {} euros ship free within {} days unless the item is on backorder.\n", 10 * i, i % 7 + 1));
         i += 1;
     }
-    let mut t = engine.tokenize(&text);
+    let mut t = engine.prompt_tokens(&text);
     t.truncate(400);
     t
 }
@@ -108,10 +108,10 @@ fn eight_questions_after(e: &Engine, prefix: &[i32]) -> Vec<Vec<i32>> {
     (0..8)
         .map(|i| {
             let mut p = prefix.to_vec();
-            p.extend(e.model().tokenize(
-                &format!("\nQuestion {i}: how long does order {} take?", 100 + i),
-                false,
-            ));
+            p.extend(e.model().tokenize(&format!(
+                "\nQuestion {i}: how long does order {} take?",
+                100 + i
+            )));
             p
         })
         .collect()
@@ -204,10 +204,9 @@ fn sixteen_requests_of_one_variant_compute_its_system_prompt_once() {
     let mut computed_tails = 0;
     for i in 0..16 {
         let mut p = prefix.clone();
-        let tail = engine.model().tokenize(
-            &format!("\nQuestion {i}: may I return item {}?", 7 * i),
-            false,
-        );
+        let tail = engine
+            .model()
+            .tokenize(&format!("\nQuestion {i}: may I return item {}?", 7 * i));
         computed_tails += tail.len();
         p.extend(tail);
         let out = common::collect(common::greedy(&engine, &p, 4)).unwrap();
@@ -236,16 +235,15 @@ fn eight_variants_times_sixteen_concurrent_requests_compute_each_prefix_at_most_
     let engine = Engine::start(cfg).unwrap();
     assert_eq!(engine.plan().seq_slots, 16);
     let systems: Vec<Vec<i32>> = (0..8)
-        .map(|v| engine.tokenize(&format!("You are support assistant {v} of a bookshop. Variant {v}: answer in style {v}, be brief, friendly and exact about prices, shipping and returns.")))
+        .map(|v| engine.prompt_tokens(&format!("You are support assistant {v} of a bookshop. Variant {v}: answer in style {v}, be brief, friendly and exact about prices, shipping and returns.")))
         .collect();
     let mut prompts = vec![];
     let mut tails = 0;
     for r in 0..16 {
         for sys in &systems {
-            let tail = engine.model().tokenize(
-                &format!(" Question {r}: where is order {}?", 1000 + r),
-                false,
-            );
+            let tail = engine
+                .model()
+                .tokenize(&format!(" Question {r}: where is order {}?", 1000 + r));
             tails += tail.len();
             prompts.push([sys.clone(), tail].concat());
         }
@@ -277,7 +275,7 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
     let submit = |p: &str| {
         engine
             .submit(abserve_engine::Request {
-                prompt: engine.tokenize(p),
+                prompt: engine.prompt_tokens(p),
                 params: params.clone(),
                 group: None,
                 priority: false,
@@ -313,7 +311,7 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
     assert_eq!(s.cancellations, 1);
     assert_eq!(s.running, 1);
     let keep_prompt = engine
-        .tokenize("Write a long story about a lighthouse keeper.")
+        .prompt_tokens("Write a long story about a lighthouse keeper.")
         .len() as u64;
     // the kept sequence holds its prompt and at most a few steps of output
     while let Ok(Event::Token { .. }) = keep.try_recv() {

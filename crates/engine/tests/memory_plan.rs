@@ -34,7 +34,7 @@ fn thirty_two_sequences_at_three_times_the_kv_budget_all_complete_within_the_pla
         .map(|i| {
             let extra =
                 " Describe it in great detail, with colours, sounds and smells.".repeat(i % 4);
-            engine.tokenize(&format!(
+            engine.prompt_tokens(&format!(
                 "Tell me a long story about {} number {i}.{extra}",
                 topics[i % topics.len()]
             ))

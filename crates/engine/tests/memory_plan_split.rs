@@ -26,7 +26,7 @@ fn thirty_two_sequences_on_eight_streams_all_complete_within_the_plan() {
         .map(|i| {
             let extra =
                 " Describe it in great detail, with colours, sounds and smells.".repeat(i % 4);
-            engine.tokenize(&format!(
+            engine.prompt_tokens(&format!(
                 "Tell me a long story about thing number {i}.{extra}"
             ))
         })

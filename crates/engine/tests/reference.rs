@@ -3,6 +3,7 @@
 
 mod common;
 
+use abserve_engine::prepare::Tokenizer;
 use abserve_engine::ChatMessage;
 use abserve_engine::Engine;
 use serde_json::Value;
@@ -28,12 +29,12 @@ fn greedy_matches_llama_cpp_reference() {
     let engine = Engine::start(cfg).unwrap();
     let mut cases = Vec::new();
     for c in fx["completions"].as_array().unwrap() {
-        cases.push((engine.tokenize(c["prompt"].as_str().unwrap()), c));
+        cases.push((engine.prompt_tokens(c["prompt"].as_str().unwrap()), c));
     }
     for c in fx["chats"].as_array().unwrap() {
         let msgs: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
         let text = engine.render_chat(&msgs).unwrap();
-        cases.push((engine.tokenize(&text), c));
+        cases.push((engine.prompt_tokens(&text), c));
     }
     assert!(cases.len() >= 5);
     for (prompt, c) in cases {

@@ -4,6 +4,7 @@
 
 use abserve_ab::render_row;
 use abserve_engine::ChatMessage;
+use abserve_protocol::Sampling;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
@@ -27,13 +28,12 @@ pub fn question(prompt: &str, row: &Row, a: &str, b: &str) -> Result<Call, Score
     let text = render_row(prompt, &Value::Object(ctx)).map_err(ScoreError::Template)?;
     Ok(Call {
         messages: vec![ChatMessage::new("user", &text)],
-        temperature: Some(0.0),
-        top_p: None,
-        max_tokens: 8,
-        seed: Some(0),
-        stop: None,
-        presence_penalty: None,
-        frequency_penalty: None,
+        sampling: Sampling {
+            temperature: Some(0.0),
+            max_tokens: Some(8),
+            seed: Some(0),
+            ..Default::default()
+        },
     })
 }
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abserve_ab::{template_fields, Variant, VariantError};
-use abserve_engine::ChatMessage;
 use futures::StreamExt;
 use rand::Rng;
 use serde_json::Value;
@@ -22,10 +21,8 @@ use crate::judge;
 use crate::progress::Progress;
 use crate::results::{latest, latest_judgments, Judgment, Log, ResultRow};
 use crate::scorers;
+pub use crate::target::DEFAULT_MAX_TOKENS;
 use crate::target::{Call, CallError, Capacity, Target};
-
-/// Answers longer than this are cut when a variant sets no `max_tokens`.
-pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 /// Checks every template against the dataset (before any model work): a variable no row has
 /// is an error; rows lacking one are reported and left out.
@@ -62,23 +59,12 @@ pub fn check(cfg: &EvalConfig, ds: &mut Dataset) -> Result<(), EvalError> {
 /// (derived from the row's id): sampled variants then differ by their prompts, not by luck.
 pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
     let messages = v.chat_for_row(&Value::Object(row.fields.clone()))?;
-    let s = v.sampling();
-    Ok(Call {
-        messages: messages
-            .iter()
-            .map(|m| ChatMessage::new(&m.role, &m.content))
-            .collect(),
-        temperature: s.temperature,
-        top_p: s.top_p,
-        max_tokens: s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        seed: Some(
-            s.seed
-                .unwrap_or_else(|| crate::dataset::fnv1a(row.id.bytes()) >> 1),
-        ),
-        stop: s.stop,
-        presence_penalty: s.presence_penalty,
-        frequency_penalty: s.frequency_penalty,
-    })
+    let mut sampling = v.sampling();
+    sampling.max_tokens = sampling.max_tokens.or(Some(i64::from(DEFAULT_MAX_TOKENS)));
+    sampling.seed = sampling
+        .seed
+        .or_else(|| Some((crate::dataset::fnv1a(row.id.bytes()) >> 1) as i64));
+    Ok(Call { messages, sampling })
 }
 
 #[derive(Debug, Clone)]

@@ -5,26 +5,38 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use abserve_engine::prepare::{sampling_params, Input, Options};
 use abserve_engine::ChatMessage;
-use abserve_engine::{Engine, Request, SamplingParams, SubmitError};
-use abserve_protocol::wire::{ChatRequest, Common, Message, Stop};
+use abserve_engine::{Engine, SubmitError};
+use abserve_protocol::wire::{ChatRequest, Common, Message};
+use abserve_protocol::Sampling;
 use abserve_protocol::{names, ClientError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EvalError;
 
-/// One chat request of a variant for a row.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// One chat request of a variant for a row: the same messages and [`Sampling`] whether it runs
+/// in process (through `abserve_engine::prepare`), on a worker, or over HTTP (where the server
+/// prepares it the same way).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Call {
     pub messages: Vec<ChatMessage>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub max_tokens: u32,
-    pub seed: Option<u64>,
-    pub stop: Option<Vec<String>>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
 }
+
+/// What eval asks of every call besides its sampling settings: prompt reuse on (a variant's
+/// system prompt is computed once per run, not once per row; see docs/engine.md for what a seed
+/// then guarantees), and no default length (a call always carries `max_tokens`).
+fn call_options() -> Options {
+    Options {
+        cache_prompt: Some(true),
+        ..Options::new(DEFAULT_MAX_TOKENS)
+    }
+}
+
+/// `max_tokens` of a call whose variant sets none.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Generation {
@@ -84,18 +96,14 @@ impl Http {
     }
 
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
-        let f = |v: Option<f32>| v.map(f64::from);
+        // what eval computes itself is checked the same way as in process: a call the engine
+        // would refuse is not sent
+        sampling_params(&call.sampling, &call_options())
+            .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
         let body = ChatRequest {
             common: Common {
                 model: Some(self.model.clone()),
-                max_tokens: Some(call.max_tokens.into()),
-                temperature: f(call.temperature),
-                top_p: f(call.top_p),
-                presence_penalty: f(call.presence_penalty),
-                frequency_penalty: f(call.frequency_penalty),
-                // OpenAI's seed is a signed 64-bit integer; larger seeds keep their bits
-                seed: call.seed.map(|s| s as i64),
-                stop: call.stop.clone().map(Stop::Many),
+                sampling: call.sampling.clone(),
                 ..Default::default()
             },
             messages: call
@@ -192,41 +200,11 @@ impl Target {
 }
 
 async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallError> {
-    let text = engine
-        .render_chat(&call.messages)
-        .map_err(|e| CallError::Failed(format!("chat template: {e}")))?;
-    let prompt = engine.tokenize(&text);
-    let d = SamplingParams::default();
-    let params = SamplingParams {
-        temperature: call.temperature.unwrap_or(d.temperature),
-        top_p: call.top_p.unwrap_or(d.top_p),
-        max_tokens: call.max_tokens,
-        seed: call.seed,
-        stop: call.stop.clone().unwrap_or_default(),
-        presence_penalty: call.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: call.frequency_penalty.unwrap_or(0.0),
-        // every variant alike reuses cached prompt prefixes (its system prompt is computed once
-        // per run, not once per row); see docs/engine.md for what a seed then guarantees
-        cache_prompt: Some(true),
-        ..d
-    };
-    if let Err((field, msg)) = params.validate() {
-        return Err(CallError::Failed(format!("{field}: {msg}")));
-    }
-    // a prompt that leaves no room is cut to fit, as the server does for max_tokens
-    let context = engine.plan().context as usize;
-    let mut params = params;
-    if prompt.len() + params.max_tokens as usize > context {
-        if prompt.len() >= context {
-            return Err(CallError::Failed(format!(
-                "prompt of {} tokens does not fit the context of {context}",
-                prompt.len()
-            )));
-        }
-        params.max_tokens = (context - prompt.len()) as u32;
-    }
+    let prepared = engine
+        .prepare(Input::Chat(&call.messages), &call.sampling, &call_options())
+        .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
     let started = Instant::now();
-    let rx = match engine.submit(Request::new(prompt, params)) {
+    let rx = match engine.submit(prepared.request()) {
         Ok(rx) => rx,
         Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
         Err(e) => return Err(CallError::Failed(e.to_string())),

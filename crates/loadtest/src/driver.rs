@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use abserve_protocol::wire::{ChatRequest, Common, Message};
+use abserve_protocol::Sampling;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
@@ -74,9 +75,12 @@ fn user_text(rng: &mut impl Rng, words: u32) -> String {
 pub fn body(cfg: &Config, model: &str, i: u64, rng: &mut impl Rng) -> ChatRequest {
     let words = cfg.prompt_tokens.sample(rng);
     let mut common = Common {
-        max_tokens: Some(cfg.max_tokens.sample(rng).into()),
-        temperature: Some(0.8),
-        seed: Some(i as i64),
+        sampling: Sampling {
+            max_tokens: Some(cfg.max_tokens.sample(rng).into()),
+            temperature: Some(0.8),
+            seed: Some(i as i64),
+            ..Default::default()
+        },
         ignore_eos: cfg.ignore_eos,
         ..Default::default()
     };

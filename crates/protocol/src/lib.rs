@@ -6,11 +6,14 @@
 //!   model discovery, bearer auth, `Retry-After`, streamed chat with per-chunk timing);
 //! - [`prometheus`]: one parser of the Prometheus text format;
 //! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read;
-//! - [`abserve`]: abserve's own bodies (`/ready`, fan-out).
+//! - [`abserve`]: abserve's own bodies (`/ready`, fan-out);
+//! - [`ChatMessage`], [`Sampling`]: the inputs of a generation that requests, variants, eval
+//!   calls and the engine's preparation stage share.
 //!
 //! No dependency on other abserve crates: the server, eval and loadtest all depend on this one.
 
 mod client;
+mod inputs;
 mod prometheus;
 mod sse;
 
@@ -19,5 +22,6 @@ pub mod names;
 pub mod wire;
 
 pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming};
+pub use inputs::{ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};
 pub use sse::{SseDecoder, SseEvent};

@@ -3,8 +3,13 @@
 
 use std::sync::Arc;
 
-use abserve_engine::{Request, SamplingParams};
-use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList, Prompt};
+use abserve_engine::prepare::{
+    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, prepare,
+    Input, Limits, Options, PromptInput,
+};
+use abserve_engine::Request;
+use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
+use abserve_protocol::Sampling;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
@@ -12,11 +17,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::error::ApiError;
-use crate::experiments::{apply_variant, route, variant_messages};
-use crate::job::{fit_context, Kind, Routed, ValidRequest};
+use crate::experiments::route;
+use crate::job::{Kind, Routed, ValidRequest};
 use crate::respond::{collect_response, now_secs, stream_response};
-use crate::state::AppState;
-use crate::validate::{completion_logprobs, messages, n, parse_body, sampling, top_logprobs};
+use crate::state::{AppState, GroupOf};
+use crate::validate::parse_body;
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
@@ -55,60 +60,69 @@ fn unit_of(e: &abserve_ab::Experiment, common: &Common, header: Option<String>) 
     attr.filter(|s| !s.is_empty()).or(header)
 }
 
-/// Assigns a request to `experiment:<name>` a variant and applies the variant's parameters.
+/// Assigns a request to `experiment:<name>` a variant.
 fn route_experiment(
     state: &AppState,
     name: &str,
     common: &Common,
     headers: &HeaderMap,
-    params: &mut SamplingParams,
-    explicit_max: &mut bool,
 ) -> Result<(abserve_ab::Variant, Routed), ApiError> {
     let unit = |e: &abserve_ab::Experiment| unit_of(e, common, header(headers, "x-abserve-unit"));
     let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
-    let v = e.variants[i].clone();
-    apply_variant(&v, params, explicit_max);
-    params
-        .validate()
-        .map_err(|(p, m)| ApiError::invalid_param(p, m))?;
-    Ok((v, routed))
+    Ok((e.variants[i].clone(), routed))
+}
+
+/// The request's sampling settings, OpenAI's two names of `max_tokens` folded into one (the
+/// newer wins), and the options of an endpoint whose unset `max_tokens` is `default_max`.
+fn request_sampling(c: &Common, default_max: u32, logprobs: Option<u32>) -> (Sampling, Options) {
+    let mut sampling = c.sampling.clone();
+    let mut options = Options::new(default_max);
+    if c.max_completion_tokens.is_some() {
+        sampling.max_tokens = c.max_completion_tokens;
+        options.max_tokens_field = "max_completion_tokens";
+    }
+    options.logprobs = logprobs;
+    options.ignore_eos = c.ignore_eos;
+    options.cache_prompt = c.cache_prompt;
+    (sampling, options)
+}
+
+/// The context a request of this server must fit.
+pub(crate) fn limits(state: &AppState) -> Limits {
+    Limits {
+        context: state.engine.plan().context as usize,
+        max_prompt_tokens: state.config.max_prompt_tokens,
+    }
 }
 
 fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_body(body)?;
-    let mut messages = messages(&req)?;
-    let n = n(&req.common)?;
-    let mut explicit =
-        req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
-    let mut params = sampling(&req.common, u32::MAX, top_logprobs(&req)?)?;
+    let mut messages = chat_messages(&req)?;
+    let n = n_choices(req.common.n)?;
+    let (mut sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
-            let (v, routed) = route_experiment(
-                state,
-                name,
-                &req.common,
-                headers,
-                &mut params,
-                &mut explicit,
-            )?;
-            messages = variant_messages(&v, &messages)?;
+            let (v, routed) = route_experiment(state, name, &req.common, headers)?;
+            (messages, sampling) = v
+                .apply(&messages, &sampling)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
     };
-    let text = state
-        .engine
-        .render_chat(&messages)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    // the rendered template carries its own special tokens; do not add BOS twice
-    let prompt = state.engine.tokenize(&text, false);
-    fit_context(state, &prompt, &mut params, explicit)?;
+    let p = prepare(
+        &*state.engine,
+        Input::Chat(&messages),
+        &sampling,
+        &options,
+        limits(state),
+    )?;
     Ok(ValidRequest {
-        prompts: vec![prompt; n],
-        params,
+        seqs: vec![p; n],
         model,
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
+        return_token_ids: req.common.return_token_ids,
         kind: Kind::Chat,
         routed,
     })
@@ -119,96 +133,39 @@ fn completion_job(
     body: &[u8],
     headers: &HeaderMap,
 ) -> Result<ValidRequest, ApiError> {
-    let mut req: CompletionRequest = parse_body(body)?;
-    if req.echo {
-        // it used to be accepted and ignored; a client that asks for its prompt back must know
-        return Err(ApiError::invalid_param(
-            "echo",
-            "echo is not supported; the prompt is not repeated in the answer",
-        ));
-    }
-    let n = n(&req.common)?;
-    let mut explicit =
-        req.common.max_tokens.is_some() || req.common.max_completion_tokens.is_some();
-    let mut params = sampling(&req.common, 16, completion_logprobs(&req)?)?;
+    let req: CompletionRequest = parse_body(body)?;
+    let n = n_choices(req.common.n)?;
+    let mut prompts = completion_prompts(&req, n, state.engine.n_vocab())?;
+    let (mut sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
-            let (v, routed) = route_experiment(
-                state,
-                name,
-                &req.common,
-                headers,
-                &mut params,
-                &mut explicit,
-            )?;
-            let text = match &req.prompt {
-                Prompt::Text(t) => t.clone(),
-                _ => {
-                    return Err(ApiError::invalid_param(
-                        "prompt",
-                        "experiments take a single text prompt",
-                    ))
-                }
+            let (v, routed) = route_experiment(state, name, &req.common, headers)?;
+            let [PromptInput::Text(text)] = prompts.as_slice() else {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    "experiments take a single text prompt",
+                ));
             };
-            req.prompt = Prompt::Text(
-                v.completion_prompt(&text)
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?,
-            );
+            let text = v
+                .completion_prompt(text)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            prompts = vec![PromptInput::Text(text)];
+            sampling = sampling.overlaid(&v.sampling());
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
     };
-    let vocab = state.engine.n_vocab() as i64;
-    let check_ids = |ids: &[i64]| -> Result<Vec<i32>, ApiError> {
-        ids.iter()
-            .map(|&t| {
-                if (0..vocab).contains(&t) {
-                    Ok(t as i32)
-                } else {
-                    Err(ApiError::invalid_param(
-                        "prompt",
-                        format!("token id {t} is outside the vocabulary of {vocab}"),
-                    ))
-                }
-            })
-            .collect()
-    };
-    let base: Vec<Vec<i32>> = match &req.prompt {
-        Prompt::Text(s) => vec![state.engine.tokenize(s, true)],
-        Prompt::Texts(v) if !v.is_empty() => {
-            v.iter().map(|s| state.engine.tokenize(s, true)).collect()
-        }
-        Prompt::Tokens(ids) => vec![check_ids(ids)?],
-        Prompt::TokenLists(l) if !l.is_empty() => l
-            .iter()
-            .map(|ids| check_ids(ids))
-            .collect::<Result<_, _>>()?,
-        _ => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "prompt must not be an empty list",
-            ))
-        }
-    };
-    if base.len() * n > 64 {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            "at most 64 completions per request (prompts × n)",
-        ));
+    let mut seqs = Vec::with_capacity(prompts.len() * n);
+    for p in &prompts {
+        let p = prepare(&*state.engine, p.into(), &sampling, &options, limits(state))?;
+        seqs.extend(std::iter::repeat_n(p, n));
     }
-    for p in &base {
-        fit_context(state, p, &mut params, explicit)?;
-    }
-    let prompts = base
-        .into_iter()
-        .flat_map(|p| std::iter::repeat_n(p, n))
-        .collect();
     Ok(ValidRequest {
-        prompts,
-        params,
+        seqs,
         model,
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
+        return_token_ids: req.common.return_token_ids,
         kind: Kind::Text,
         routed,
     })
@@ -261,20 +218,30 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// Admits every sequence of the job (all or none), then answers.
+/// Admits every sequence of the job as one group (all or none: see [`AppState::admit_group`]),
+/// then answers.
 async fn run(state: Arc<AppState>, job: ValidRequest) -> Result<Response, ApiError> {
-    let mut rxs = Vec::with_capacity(job.prompts.len());
-    for p in &job.prompts {
-        let req = Request {
-            prompt: p.clone(),
-            params: job.params.clone(),
+    let reqs = job
+        .seqs
+        .iter()
+        .map(|p| Request {
+            prompt: p.prompt.clone(),
+            params: p.params.clone(),
             group: job.routed.as_ref().map(|r| r.experiment.clone()),
             priority: false,
             kv_share: job.routed.as_ref().and_then(|r| r.kv_share),
-        };
-        // dropping the receivers already admitted cancels them if a later one is refused
-        rxs.push(state.enqueue(req).await?);
-    }
+        })
+        .collect();
+    let what = match job.kind {
+        Kind::Chat => GroupOf::Choices,
+        Kind::Text => GroupOf::Completions,
+    };
+    let rxs = state
+        .admit_group(reqs, what)
+        .await?
+        .into_iter()
+        .map(|a| a.rx)
+        .collect();
     let routed = job
         .routed
         .as_ref()

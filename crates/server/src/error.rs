@@ -1,6 +1,7 @@
 //! Errors in OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`, with the
 //! status code a client SDK maps to the right exception.
 
+use abserve_engine::prepare::PrepareError;
 use abserve_protocol::wire::{ErrorBody, ErrorObject};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +35,10 @@ impl ApiError {
         e.param = Some(param.to_string());
         e.code = Some("invalid_value");
         e
+    }
+    /// A request the preparation stage refused: 400 naming the field.
+    pub fn prepare(e: PrepareError) -> Self {
+        Self::invalid_param(&e.field, e.message)
     }
     pub fn unauthorized() -> Self {
         let mut e = Self::new(
@@ -125,5 +130,11 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
+    }
+}
+
+impl From<PrepareError> for ApiError {
+    fn from(e: PrepareError) -> Self {
+        ApiError::prepare(e)
     }
 }

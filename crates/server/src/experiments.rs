@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use abserve_ab::assign;
-use abserve_ab::Message;
 use abserve_ab::OutcomeEvent;
-use abserve_ab::{Experiment, Status, Variant};
+use abserve_ab::{Experiment, Status};
+use abserve_engine::prepare::{prepare, Input, Options};
 use abserve_engine::ChatMessage;
-use abserve_engine::{Request, SamplingParams};
+use abserve_engine::Request;
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
+use abserve_protocol::Sampling;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -20,9 +21,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::abstate::AbState;
+use crate::api::limits;
 use crate::error::ApiError;
-use crate::job::{fit_context, Routed};
-use crate::state::AppState;
+use crate::job::Routed;
+use crate::state::{AppState, GroupOf};
 
 fn ab(state: &AppState) -> Result<&AbState, ApiError> {
     state
@@ -254,23 +256,6 @@ pub async fn results(
     Ok(Json(r).into_response())
 }
 
-/// Applies a variant's parameters over the request's: what the variant sets wins.
-/// Applies a variant's sampling settings over the request's (`explicit_max`: the variant set
-/// max_tokens, so it is not clamped silently).
-pub fn apply_variant(v: &Variant, p: &mut SamplingParams, explicit_max: &mut bool) {
-    let s = v.sampling();
-    p.temperature = s.temperature.unwrap_or(p.temperature);
-    p.top_p = s.top_p.unwrap_or(p.top_p);
-    if let Some(m) = s.max_tokens {
-        p.max_tokens = m;
-        *explicit_max = true;
-    }
-    p.seed = s.seed.or(p.seed);
-    p.stop = s.stop.unwrap_or(std::mem::take(&mut p.stop));
-    p.presence_penalty = s.presence_penalty.unwrap_or(p.presence_penalty);
-    p.frequency_penalty = s.frequency_penalty.unwrap_or(p.frequency_penalty);
-}
-
 /// Routes a request for `experiment:<name>`: `unit` reads the request's unit for the experiment
 /// (by its `hash_attribute`); `forced` is the variant `X-Abserve-Variant` asks for.
 pub fn route(
@@ -323,26 +308,6 @@ pub fn route(
     Ok((e, i, routed))
 }
 
-/// The chat messages a variant sends: its system prompt (if any) replaces the request's, and
-/// the last user message goes through its template as `{{ input }}`.
-/// A conversation as variant `v` sends it (see [`Variant::chat`]).
-pub fn variant_messages(
-    v: &Variant,
-    messages: &[ChatMessage],
-) -> Result<Vec<ChatMessage>, ApiError> {
-    let ab: Vec<Message> = messages
-        .iter()
-        .map(|m| Message::new(&m.role, &m.content))
-        .collect();
-    let out = v
-        .chat(&ab)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(out
-        .iter()
-        .map(|m| ChatMessage::new(&m.role, &m.content))
-        .collect())
-}
-
 /// `{input}`: the user message every variant answers.
 #[derive(Deserialize, utoipa::ToSchema)]
 pub(crate) struct FanoutBody {
@@ -364,25 +329,25 @@ pub async fn fanout(
         .prepare(move |st| {
             let b: FanoutBody = crate::validate::parse_body(&body)?;
             let mut jobs = vec![];
+            let defaults = Sampling {
+                temperature: Some(1.0),
+                ..Default::default()
+            };
             for v in &exp.variants {
-                let msgs = variant_messages(v, &[ChatMessage::new("user", &b.input)])?;
-                let text = st
-                    .engine
-                    .render_chat(&msgs)
+                let (msgs, sampling) = v
+                    .apply(&[ChatMessage::new("user", &b.input)], &defaults)
                     .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                let prompt = st.engine.tokenize(&text, false);
-                let mut params = SamplingParams {
-                    temperature: 1.0,
-                    max_tokens: 256,
-                    ..Default::default()
-                };
-                let mut explicit = false;
-                apply_variant(v, &mut params, &mut explicit);
-                // a fan-out clamps max_tokens to the room the context leaves
-                fit_context(st, &prompt, &mut params, false)?;
+                // a fan-out clamps an unset max_tokens to the room the context leaves
+                let p = prepare(
+                    &*st.engine,
+                    Input::Chat(&msgs),
+                    &sampling,
+                    &Options::new(256),
+                    limits(st),
+                )?;
                 jobs.push(Request {
-                    prompt,
-                    params,
+                    prompt: p.prompt,
+                    params: p.params,
                     group: Some(exp.name.clone()),
                     priority: false,
                     kv_share: exp.max_kv_share,
@@ -392,10 +357,12 @@ pub async fn fanout(
         })
         .await?;
     // one group: every variant enters the queue, or none does
-    let rxs = state.enqueue_group(jobs)?;
-    let outs = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
+    let admitted = state.admit_group(jobs, GroupOf::Variants).await?;
+    let orders: Vec<u64> = admitted.iter().map(|a| a.order).collect();
+    let outs =
+        futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
+            .await;
     let mut results = vec![];
-    let mut orders = vec![];
     for (v, o) in e.variants.iter().zip(outs) {
         let mut r = FanoutResult {
             variant: v.id.clone(),
@@ -404,7 +371,6 @@ pub async fn fanout(
         match o {
             Ok(o) => {
                 let d = &o.completion;
-                orders.push(o.admission_order.unwrap_or(u64::MAX));
                 r.output = Some(o.text);
                 r.prompt_tokens = Some(d.prompt_tokens as u64);
                 r.completion_tokens = Some(d.completion_tokens as u64);
@@ -415,7 +381,6 @@ pub async fn fanout(
             }
             Err(err) => {
                 state.metrics.generation_error(&err);
-                orders.push(u64::MAX);
                 r.error = Some(err.to_string());
             }
         }

@@ -37,7 +37,7 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         return Err("engine thread has stopped".into());
     }
     let t0 = Instant::now();
-    let prompt = state.engine.tokenize("ready", true);
+    let prompt = abserve_engine::prepare::text_tokens(&*state.engine, "ready");
     let req = Request {
         prompt,
         params: SamplingParams::greedy(1),

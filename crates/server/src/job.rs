@@ -1,8 +1,8 @@
-//! A request after validation and routing, on its way to the engine: its prompts, sampling
-//! parameters and routing ([`ValidRequest`]); the context check every prompt passes ([`fit_context`]);
-//! and the exposure a routed request records ([`expose`]).
+//! A request after validation and routing, on its way to the engine: its prepared sequences
+//! and routing ([`ValidRequest`]), and the exposure a routed request records ([`expose`]).
 
-use abserve_engine::{Completion, SamplingParams};
+use abserve_engine::prepare::Prepared;
+use abserve_engine::Completion;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -26,55 +26,25 @@ pub struct Routed {
     pub kv_share: Option<f64>,
 }
 
-/// Tokenized prompts plus sampling parameters, checked against the context.
+/// A request's sequences, each prepared by the engine's preparation stage (tokens checked
+/// against the context, sampling parameters checked), and how to answer it.
 pub(crate) struct ValidRequest {
-    pub prompts: Vec<Vec<i32>>,
-    pub params: SamplingParams,
+    /// One per choice: `n` per prompt, prompts in order.
+    pub seqs: Vec<Prepared>,
     pub model: String,
     pub stream: bool,
     pub include_usage: bool,
+    /// Each choice carries its prompt's token ids (`return_token_ids`).
+    pub return_token_ids: bool,
     pub kind: Kind,
     pub routed: Option<Routed>,
 }
 
-/// Checks a prompt against the context: not empty, at most `--max-prompt-tokens`, and room
-/// left for `max_tokens` — clamped to the room when the caller did not set it (`explicit_max`),
-/// a 400 naming the numbers when it did.
-pub(crate) fn fit_context(
-    state: &AppState,
-    prompt: &[i32],
-    params: &mut SamplingParams,
-    explicit_max: bool,
-) -> Result<(), ApiError> {
-    let ctx = state.engine.plan().context as usize;
-    let limit = state.config.max_prompt_tokens.min(ctx - 1);
-    if prompt.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
+impl ValidRequest {
+    /// The choices report log-probabilities.
+    pub fn logprobs(&self) -> bool {
+        self.seqs.iter().any(|s| s.params.logprobs.is_some())
     }
-    if prompt.len() > limit {
-        return Err(ApiError::invalid_param(
-            "messages",
-            format!(
-                "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
-                prompt.len()
-            ),
-        ));
-    }
-    let room = ctx - prompt.len();
-    if !explicit_max {
-        params.max_tokens = params.max_tokens.min(room as u32);
-    } else if params.max_tokens as usize > room {
-        return Err(ApiError::invalid_param(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Reduce the prompt or max_tokens.",
-                prompt.len() + params.max_tokens as usize,
-                prompt.len(),
-                params.max_tokens
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Records the exposure of a routed request (committed before the response goes out).

@@ -9,8 +9,8 @@
 mod abstate;
 mod api;
 mod auth;
-mod backend;
 mod dashboard;
+mod engine_api;
 mod error;
 mod experiments;
 mod health;
@@ -27,7 +27,7 @@ mod validate;
 mod tests;
 
 pub use abstate::AbState;
-pub use backend::Backend;
+pub use engine_api::EngineApi;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use routes::{ops_router, router};

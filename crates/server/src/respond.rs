@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use abserve_engine::prepare::Prepared;
 use abserve_engine::{Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
     ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
@@ -117,12 +118,11 @@ fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
 }
 
 /// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
-fn prompt_tokens_once(prompts: &[Vec<i32>]) -> usize {
-    prompts
-        .iter()
+fn prompt_tokens_once(seqs: &[Prepared]) -> usize {
+    seqs.iter()
         .enumerate()
-        .filter(|(i, p)| *i == 0 || prompts[i - 1] != **p)
-        .map(|(_, p)| p.len())
+        .filter(|(i, p)| *i == 0 || seqs[i - 1].prompt != p.prompt)
+        .map(|(_, p)| p.prompt.len())
         .sum()
 }
 
@@ -150,7 +150,7 @@ pub(crate) async fn collect_response(
             .map(|e| e.to_string());
         recorded = expose(&state, r, first, err).await.is_ok();
     }
-    let want_lp = job.params.logprobs.is_some();
+    let want_lp = job.logprobs();
     let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
     for (i, r) in results.into_iter().enumerate() {
         let c = r.map_err(|e| ApiError::unavailable(e.to_string()))?;
@@ -162,6 +162,7 @@ pub(crate) async fn collect_response(
             index: i as u32,
             logprobs: want_lp.then(|| logprobs(&state, job.kind, &c.logprobs)),
             finish_reason: Some(d.finish_reason.as_str().to_string()),
+            prompt_token_ids: job.return_token_ids.then(|| job.seqs[i].prompt.clone()),
             ..Default::default()
         };
         match job.kind {
@@ -176,7 +177,7 @@ pub(crate) async fn collect_response(
         choices.push(choice);
     }
     let mut usage = Usage::new(
-        prompt_tokens_once(&job.prompts) as u64,
+        prompt_tokens_once(&job.seqs) as u64,
         completion_tokens as u64,
     );
     usage.prompt_tokens_details = Some(PromptTokensDetails {
@@ -315,7 +316,7 @@ pub(crate) fn stream_response(
     let chunker = Chunker {
         template,
         kind: job.kind,
-        want_lp: job.params.logprobs.is_some(),
+        want_lp: job.logprobs(),
         state: state.clone(),
     };
     // role chunks first (chat only)
@@ -400,7 +401,7 @@ async fn finish_stream(
     }
     let mut c = chunker.chunk(vec![]);
     c.usage = Some(Usage::new(
-        prompt_tokens_once(&job.prompts) as u64,
+        prompt_tokens_once(&job.seqs) as u64,
         completion as u64,
     ));
     Some(sse(&c))

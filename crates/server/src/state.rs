@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use abserve_engine::{Event, Request, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::backend::Backend;
+use crate::engine_api::EngineApi;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -28,9 +28,27 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
 }
 
+/// What the sequences of a group are, for the 400 that says it can never be accepted whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupOf {
+    /// A fan-out: one per variant.
+    Variants,
+    /// `n` choices of one prompt.
+    Choices,
+    /// Several prompts of a completions request (× `n`).
+    Completions,
+}
+
+/// One admitted sequence of a group: its events (the `Admitted` event already read) and its
+/// engine-wide admission order.
+pub struct Admitted {
+    pub rx: UnboundedReceiver<Event>,
+    pub order: u64,
+}
+
 pub struct AppState {
     /// The one engine every request goes to (a fake one in the server's unit tests).
-    pub engine: Box<dyn Backend>,
+    pub engine: Box<dyn EngineApi>,
     pub metrics: Arc<Metrics>,
     pub config: ServerConfig,
     pub shutting_down: AtomicBool,
@@ -47,7 +65,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(
-        engine: impl Backend,
+        engine: impl EngineApi,
         metrics: Arc<Metrics>,
         config: ServerConfig,
         ab: Option<crate::abstate::AbState>,
@@ -167,43 +185,52 @@ impl AppState {
         (ahead / rate).ceil().clamp(1.0, 60.0) as u64
     }
 
-    /// Submits a request and waits until the engine admits it. The returned receiver yields
-    /// tokens; dropping it cancels the sequence.
-    pub async fn enqueue(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
-        let mut rx = self.enqueue_nowait(req)?;
+    /// Submits without waiting for admission (the first event will be `Admitted`).
+    fn enqueue_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+        self.refuse_when_shutting_down()?;
+        self.engine
+            .submit(req)
+            .map_err(|e| self.refused(e, GroupOf::Choices))
+    }
+
+    /// Submits requests that need several sequences (a fan-out, `n` choices, a multi-prompt
+    /// completion) as one group and waits until the engine admits them — together, in one step
+    /// — within the queue timeout: all run, or none (a 429 when there is no room for all now or
+    /// the timeout passes, dropping every receiver; a 400 when there never can be room).
+    pub async fn admit_group(
+        &self,
+        mut reqs: Vec<Request>,
+        what: GroupOf,
+    ) -> Result<Vec<Admitted>, ApiError> {
+        self.refuse_when_shutting_down()?;
+        let mut rxs = match reqs.len() {
+            1 => vec![self.enqueue_nowait(reqs.remove(0))?],
+            _ => self
+                .engine
+                .submit_group(reqs)
+                .map_err(|e| self.refused(e, what))?,
+        };
         let deadline = tokio::time::sleep(self.config.queue_timeout);
         tokio::pin!(deadline);
-        tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(Event::Admitted { .. }) => Ok(rx),
-                Some(Event::Error(e)) => Err(ApiError::unavailable(e.to_string())),
-                Some(_) => Ok(rx),
-                None => Err(ApiError::unavailable("The engine stopped.")),
-            },
-            _ = &mut deadline => {
-                self.metrics.reject("queue_timeout");
-                Err(ApiError::overloaded(
-                    format!("The request waited longer than the queue timeout of {:?}.", self.config.queue_timeout),
-                    self.retry_after(),
-                ))
-            }
+        let mut admitted = Vec::with_capacity(rxs.len());
+        for mut rx in rxs.drain(..) {
+            let order = tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(Event::Admitted { order, .. }) => order,
+                    Some(Event::Error(e)) => return Err(ApiError::unavailable(e.to_string())),
+                    Some(_) | None => return Err(ApiError::unavailable("The engine stopped.")),
+                },
+                _ = &mut deadline => {
+                    self.metrics.reject("queue_timeout");
+                    return Err(ApiError::overloaded(
+                        format!("The request waited longer than the queue timeout of {:?}.", self.config.queue_timeout),
+                        self.retry_after(),
+                    ));
+                }
+            };
+            admitted.push(Admitted { rx, order });
         }
-    }
-
-    /// Submits without waiting for admission (the first event will be `Admitted`).
-    pub fn enqueue_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
-        self.refuse_when_shutting_down()?;
-        self.engine.submit(req).map_err(|e| self.refused(e))
-    }
-
-    /// Submits a fan-out's requests as one group: all enter the queue, or none (a 429 when there
-    /// is no room for all now, a 400 when there never can be).
-    pub fn enqueue_group(
-        &self,
-        reqs: Vec<Request>,
-    ) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
-        self.refuse_when_shutting_down()?;
-        self.engine.submit_group(reqs).map_err(|e| self.refused(e))
+        Ok(admitted)
     }
 
     fn refuse_when_shutting_down(&self) -> Result<(), ApiError> {
@@ -215,7 +242,7 @@ impl AppState {
     }
 
     /// The answer to a request the engine did not take.
-    fn refused(&self, e: SubmitError) -> ApiError {
+    fn refused(&self, e: SubmitError, what: GroupOf) -> ApiError {
         match e {
             SubmitError::QueueFull(n) => {
                 self.metrics.reject("queue_full");
@@ -224,19 +251,47 @@ impl AppState {
                     self.retry_after(),
                 )
             }
-            SubmitError::GroupTooLarge { group, capacity, slots, queue } => ApiError::invalid_param(
-                "variants",
-                format!(
-                    "This fan-out has {group} variants but the server holds at most {capacity} sequences at once ({slots} sequence slots + {queue} queued), so it could never be accepted whole; raise --max-sequences or --max-queue, or split the experiment."
-                ),
-            ),
+            SubmitError::GroupTooLarge {
+                group,
+                capacity,
+                slots,
+                queue,
+            } => {
+                let (param, has, advice) = match what {
+                    GroupOf::Variants => (
+                        "variants",
+                        "This fan-out has {group} variants",
+                        "or split the experiment",
+                    ),
+                    GroupOf::Choices => (
+                        "n",
+                        "This request asks for {group} choices (n)",
+                        "or ask for fewer choices",
+                    ),
+                    GroupOf::Completions => (
+                        "prompt",
+                        "This request asks for {group} completions (prompts × n)",
+                        "or send fewer prompts",
+                    ),
+                };
+                let has = has.replace("{group}", &group.to_string());
+                ApiError::invalid_param(
+                    param,
+                    format!(
+                        "{has} but the server holds at most {capacity} sequences at once ({slots} sequence slots + {queue} queued), so it could never be accepted whole; raise --max-sequences or --max-queue, {advice}."
+                    ),
+                )
+            }
             SubmitError::ShuttingDown => {
                 self.metrics.reject("shutting_down");
                 ApiError::unavailable("The server is shutting down.")
             }
             SubmitError::PromptTooLong { prompt, context } => {
                 self.metrics.reject("too_long");
-                ApiError::invalid_param("messages", format!("The prompt has {prompt} tokens but the context is {context} tokens."))
+                ApiError::invalid_param(
+                    "messages",
+                    format!("The prompt has {prompt} tokens but the context is {context} tokens."),
+                )
             }
             SubmitError::EmptyPrompt => ApiError::invalid_param("prompt", "The prompt is empty."),
             SubmitError::Invalid(p, m) => ApiError::invalid_param(p, m),

@@ -150,6 +150,19 @@ impl Scheduler {
             let Some(i) = self.next_candidate(&deferred) else {
                 break;
             };
+            if let Some(gang) = self.waiting[i].gang {
+                if let Some(target) = self.cfg.max_itl {
+                    if !self.steps.allows_one_more(self.running.len(), target) {
+                        itl_held = self.waiting.len();
+                        break;
+                    }
+                }
+                if self.admit_gang(be, gang, deferred.len()) {
+                    continue;
+                }
+                // the gang waits whole, and nothing behind it takes the slots it waits for
+                break;
+            }
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
                 // a preempted sequence may take back what it computed before from anywhere
@@ -190,25 +203,98 @@ impl Scheduler {
                 }
             }
             let s = self.waiting.swap_remove(i);
-            let Some(mut a) = self.place(be, s, source) else {
+            let Some(a) = self.place(be, s, source) else {
                 break;
             };
-            if a.seq.admitted.is_none() {
-                let now = Instant::now();
-                a.seq.admitted = Some(now);
-                self.admissions += 1;
-                a.seq.shared_prompt_tokens = a.n_past.min(a.seq.n_prompt);
-                EngineStats::add(&self.stats.shared_prompt_tokens, a.seq.shared_prompt_tokens);
-                let _ = a.seq.tx.send(Event::Admitted {
-                    queue_time: now - a.seq.arrived,
-                    order: self.admissions,
-                });
-            }
-            self.running.push(a);
+            self.start(a);
         }
         self.stats
             .itl_held
             .store(itl_held as u64, Ordering::Relaxed);
+    }
+
+    /// A placed sequence starts running; the first time, it is told it was admitted.
+    fn start(&mut self, mut a: Active) {
+        if a.seq.admitted.is_none() {
+            let now = Instant::now();
+            a.seq.admitted = Some(now);
+            self.admissions += 1;
+            a.seq.shared_prompt_tokens = a.n_past.min(a.seq.n_prompt);
+            EngineStats::add(&self.stats.shared_prompt_tokens, a.seq.shared_prompt_tokens);
+            let _ = a.seq.tx.send(Event::Admitted {
+                queue_time: now - a.seq.arrived,
+                order: self.admissions,
+            });
+        }
+        self.running.push(a);
+    }
+
+    /// Admits every waiting member of `gang` in this step, in a seeded random order (no member
+    /// systematically first), or none of them: `false` when the slots (free, or cached ones
+    /// that can be given up, less the `claimed` ones of deferred requests) or, in a unified
+    /// cache, the cells cannot take them all now. Members do not wait for each other's prefix
+    /// (they are admitted together); cached, stored and computed prefixes are reused as usual.
+    fn admit_gang<C: Compute>(&mut self, be: &mut C, gang: u64, claimed: usize) -> bool {
+        let mut members: Vec<u64> = self
+            .waiting
+            .iter()
+            .filter(|s| s.gang == Some(gang))
+            .map(|s| s.id)
+            .collect();
+        let obtainable = self.slots.len()
+            + self
+                .cache
+                .iter()
+                .filter(|c| !self.pinned.contains(&c.slot))
+                .count();
+        if obtainable < members.len() + claimed {
+            return false;
+        }
+        if self.cfg.is_unified() {
+            let need: usize = self
+                .waiting
+                .iter()
+                .filter(|s| s.gang == Some(gang))
+                .map(|s| s.tokens.len())
+                .sum();
+            while self.demand() + need + self.running.len() + members.len() > self.cfg.kv_cells {
+                if self.evict_lru(be, None) {
+                    continue;
+                }
+                if self.cfg.admission_control && !self.running.is_empty() {
+                    return false;
+                }
+                break;
+            }
+        }
+        // seeded Fisher-Yates: the order among members is the tie-break stream's
+        for k in (1..members.len()).rev() {
+            let j = self.rng.gen_range(0..=k);
+            members.swap(k, j);
+        }
+        for id in members {
+            let Some(i) = self.waiting.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let cand = &self.waiting[i];
+            let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
+                self.find_source(&cand.tokens, true)
+            } else {
+                None
+            };
+            let source = match source {
+                Some((Source::Running { ready: false, .. }, _)) => None,
+                s => s,
+            };
+            let s = self.waiting.swap_remove(i);
+            let Some(a) = self.place(be, s, source) else {
+                // counted above, so not reached; the rest stay queued rather than fail
+                tracing::warn!("gang {gang}: a member found no slot after the slots were counted");
+                return true;
+            };
+            self.start(a);
+        }
+        true
     }
 
     /// Gives `s` a slot and the KV of its reusable prefix. A cached slot is taken in place (cut

@@ -140,6 +140,8 @@ pub struct Scheduler {
     /// Cached slots that are the source of a stream copy not yet landed (llama.cpp copies
     /// streams at the next decode): nothing may be restored into them until then.
     pinned: Vec<i32>,
+    /// Group submissions so far (the last gang id).
+    gangs: u64,
 }
 
 impl Scheduler {
@@ -168,6 +170,7 @@ impl Scheduler {
             clock: 0,
             steps: itl::StepModel::default(),
             pinned: Vec::new(),
+            gangs: 0,
         }
     }
 
@@ -237,11 +240,26 @@ impl Scheduler {
             first_token: None,
             preemptions: 0,
             shared_prompt_tokens: 0,
+            gang: None,
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);
         self.waiting.push(seq);
         self.publish();
+    }
+
+    /// Queues requests that are admitted together or not at all (see `admission.rs`).
+    pub fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender)>) {
+        let gang = (reqs.len() > 1).then(|| {
+            self.gangs += 1;
+            self.gangs
+        });
+        for (req, tx) in reqs {
+            self.enqueue(req, tx);
+            if let Some(s) = self.waiting.last_mut() {
+                s.gang = gang;
+            }
+        }
     }
 
     /// Cells held plus cells still to fill by running sequences (the unified-cache bound).

@@ -32,6 +32,9 @@ pub(super) struct Seq {
     pub preemptions: u32,
     /// Prompt tokens whose KV came from elsewhere at first admission.
     pub shared_prompt_tokens: usize,
+    /// Members of one group submission (`Engine::submit_group`: a fan-out, `n` choices, a
+    /// multi-prompt completion) share this id: they are admitted in one step, or all wait.
+    pub gang: Option<u64>,
 }
 
 impl Seq {

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::inputs::Sampling;
 #[allow(unused_imports)] // used by the schema examples
 use serde_json::json;
 
@@ -77,41 +79,16 @@ impl Message {
 pub struct Common {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// At least 1; prompt + max_tokens must fit the context.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1)]
-    pub max_tokens: Option<i64>,
+    /// OpenAI's newer name for `max_tokens` (wins when both are set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0.0, maximum = 2.0)]
-    pub temperature: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
-    pub top_p: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0, maximum = 100000)]
-    pub top_k: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0.0, maximum = 1.0)]
-    pub min_p: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = -2.0, maximum = 2.0)]
-    pub presence_penalty: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = -2.0, maximum = 2.0)]
-    pub frequency_penalty: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0.0)]
-    pub repetition_penalty: Option<f64>,
+    /// temperature, top_p, max_tokens, stop, seed, penalties… (one struct everywhere).
+    #[serde(flatten)]
+    pub sampling: Sampling,
     /// The end user; abserve assigns experiment variants by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
@@ -128,6 +105,10 @@ pub struct Common {
     /// llama.cpp's extension: reuse a cached prompt prefix (default: yes unless `seed` is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// vLLM's extension: each choice carries the prompt's token ids (`prompt_token_ids`), as
+    /// the engine received them (non-streamed answers).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub return_token_ids: bool,
 }
 
 impl Common {
@@ -188,8 +169,11 @@ mod tests {
         let r = ChatRequest {
             common: Common {
                 model: Some("m".into()),
-                max_tokens: Some(8),
-                seed: Some(3),
+                sampling: Sampling {
+                    max_tokens: Some(8),
+                    seed: Some(3),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             messages: vec![Message::new("user", "hi")],
@@ -210,7 +194,7 @@ mod tests {
                 "stop":"x","stream":true,"stream_options":{"include_usage":true},"metadata":{"team":"t"},"tools":[]}"#,
         )
         .unwrap();
-        assert_eq!(r.common.stop, Some(Stop::One("x".into())));
+        assert_eq!(r.common.sampling.stop, Some(Stop::One("x".into())));
         assert!(r.common.include_usage());
         assert_eq!(r.common.metadata.unwrap()["team"], "t");
         assert_eq!(r.messages[1].content, None);

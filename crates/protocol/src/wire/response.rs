@@ -163,6 +163,11 @@ pub struct Choice {
     pub logprobs: Option<Logprobs>,
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// The prompt's token ids as the engine saw them, when the request asked with
+    /// `return_token_ids` (vLLM's name; abserve puts them on each choice, since a completions
+    /// request may carry several prompts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<i32>>,
 }
 
 impl Choice {

@@ -9,13 +9,14 @@ use std::time::Duration;
 use abserve_engine::device::{Device, FakeDevice};
 use abserve_engine::gguf::ModelShape;
 use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
+use abserve_engine::prepare::Tokenizer;
 use abserve_engine::{
     ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request,
     StatsSnapshot, SubmitError, TokenLogprob,
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::backend::Backend;
+use crate::engine_api::EngineApi;
 
 /// What the fake answers: the bytes of this text, one token each.
 pub const ANSWER: &[u8] = b"hello world";
@@ -80,7 +81,28 @@ impl Fake {
     }
 }
 
-impl Backend for Fake {
+/// Bytes are tokens; the vocabulary asks for no BOS (token 1 would stand for it).
+impl Tokenizer for Fake {
+    fn tokenize(&self, text: &str) -> Vec<i32> {
+        text.bytes().map(|b| b as i32).collect()
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+        let mut s: String = messages
+            .iter()
+            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .collect();
+        s.push_str("assistant:");
+        Ok(s)
+    }
+    fn bos(&self) -> Option<i32> {
+        None
+    }
+    fn n_vocab(&self) -> usize {
+        256
+    }
+}
+
+impl EngineApi for Fake {
     fn plan(&self) -> &MemoryPlan {
         &self.plan
     }
@@ -156,24 +178,6 @@ impl Backend for Fake {
             });
         }
         reqs.into_iter().map(|r| self.submit(r)).collect()
-    }
-    fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
-        // token 1 stands for BOS
-        let bos = add_special.then_some(1);
-        bos.into_iter()
-            .chain(text.bytes().map(|b| b as i32))
-            .collect()
-    }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        let mut s: String = messages
-            .iter()
-            .map(|m| format!("{}: {}\n", m.role, m.content))
-            .collect();
-        s.push_str("assistant:");
-        Ok(s)
-    }
-    fn n_vocab(&self) -> usize {
-        256
     }
     fn piece(&self, token: i32) -> Vec<u8> {
         vec![token as u8]

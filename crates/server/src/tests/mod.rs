@@ -47,10 +47,10 @@ async fn app_with(
     let fake = Fake::with_device(ctl.clone(), device);
     let stats = Arc::new(abserve_engine::EngineStats::default());
     let metrics = Metrics::new(
-        crate::backend::Backend::plan(&fake),
+        crate::engine_api::EngineApi::plan(&fake),
         stats,
         Metrics::engine_step_histogram().unwrap(),
-        crate::backend::Backend::device(&fake),
+        crate::engine_api::EngineApi::device(&fake),
     )
     .unwrap();
     let config = ServerConfig {
@@ -666,10 +666,13 @@ async fn the_openapi_document_lists_every_route_with_its_error_answers() {
     assert!(chat["responses"]["200"]["content"]
         .get("text/event-stream")
         .is_some());
+    // the one Sampling struct, flattened into every request body
     assert_eq!(
-        doc["components"]["schemas"]["Common"]["properties"]["temperature"]["maximum"],
+        doc["components"]["schemas"]["Sampling"]["properties"]["temperature"]["maximum"],
         2.0
     );
+    let common = doc["components"]["schemas"]["Common"].to_string();
+    assert!(common.contains("#/components/schemas/Sampling"), "{common}");
 }
 
 /// With layers on a device: `/ready` reports the device and fails once abserve's use of it

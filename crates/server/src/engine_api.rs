@@ -1,17 +1,17 @@
-//! What the server needs of an engine, as one trait: the routes are tested without a model
-//! through a fake that implements it (as TGI's router tests its queue without a backend), and
-//! [`abserve_engine::Engine`] implements it for real.
+//! What the server needs of an engine, as one trait ([`EngineApi`]): the routes are tested
+//! without a model through a fake that implements it (as TGI's router tests its queue without a
+//! backend), and [`abserve_engine::Engine`] implements it for real. Preparing a request needs
+//! only the model's template and vocabulary: the engine's [`Tokenizer`], which this extends.
 
 use std::sync::Arc;
 
 use abserve_engine::device::Device;
 use abserve_engine::plan::MemoryPlan;
-use abserve_engine::{
-    ChatMessage, ChatTemplateError, Engine, Event, Request, StatsSnapshot, SubmitError,
-};
+use abserve_engine::prepare::Tokenizer;
+use abserve_engine::{Engine, Event, Request, StatsSnapshot, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub trait Backend: Send + Sync + 'static {
+pub trait EngineApi: Tokenizer + Send + Sync + 'static {
     /// The memory plan the engine runs under (context, cells, budget).
     fn plan(&self) -> &MemoryPlan;
     /// Requests that may wait before `submit` refuses with `QueueFull`.
@@ -27,11 +27,6 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         reqs: Vec<Request>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
-    /// Token ids of `text`; `add_special` adds BOS (a rendered chat template carries its own).
-    fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32>;
-    /// The model's chat template applied to `messages`, ending with the assistant's turn.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError>;
-    fn n_vocab(&self) -> usize;
     /// The bytes a token stands for (may be part of a UTF-8 character).
     fn piece(&self, token: i32) -> Vec<u8>;
     /// A token's text, lossily decoded.
@@ -42,7 +37,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-impl Backend for Engine {
+impl EngineApi for Engine {
     fn plan(&self) -> &MemoryPlan {
         Engine::plan(self)
     }
@@ -64,17 +59,8 @@ impl Backend for Engine {
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         Engine::submit_group(self, reqs)
     }
-    fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
-        self.model().tokenize(text, add_special)
-    }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        Engine::render_chat(self, messages)
-    }
     fn device(&self) -> Option<Arc<dyn Device>> {
         Engine::device(self)
-    }
-    fn n_vocab(&self) -> usize {
-        self.model().n_vocab()
     }
     fn piece(&self, token: i32) -> Vec<u8> {
         self.model().piece(token)
@@ -86,7 +72,7 @@ impl Backend for Engine {
 
 /// One engine shared with other parts of the process (`abserve worker` runs jobs on the engine
 /// it also probes for `/ready`).
-impl<B: Backend + ?Sized> Backend for Arc<B> {
+impl<B: EngineApi + ?Sized> EngineApi for Arc<B> {
     fn plan(&self) -> &MemoryPlan {
         (**self).plan()
     }
@@ -107,15 +93,6 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         reqs: Vec<Request>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         (**self).submit_group(reqs)
-    }
-    fn tokenize(&self, text: &str, add_special: bool) -> Vec<i32> {
-        (**self).tokenize(text, add_special)
-    }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        (**self).render_chat(messages)
-    }
-    fn n_vocab(&self) -> usize {
-        (**self).n_vocab()
     }
     fn piece(&self, token: i32) -> Vec<u8> {
         (**self).piece(token)

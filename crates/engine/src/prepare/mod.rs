@@ -1,0 +1,203 @@
+//! The one preparation stage: every caller — the server's chat and completions routes and its
+//! fan-out, eval in process and (for what it computes itself) over HTTP, the RabbitMQ worker and
+//! `abserve generate` — turns its input into engine [`Request`]s here, so a prompt becomes the
+//! same tokens and the same sampling parameters whichever path it takes.
+//!
+//! messages or a prompt (after the variant: `abserve_ab::Variant::apply`) → rendered text (the
+//! model's chat template) → tokens → context fit → [`SamplingParams`] from the one [`Sampling`].
+//!
+//! Invariants:
+//! - **BOS, once**: a prompt made from text starts with the vocabulary's BOS token exactly when
+//!   the vocabulary asks for one (`tokenizer.ggml.add_bos_token`), and never twice. Text (a
+//!   rendered template or a plain prompt) is tokenized with special tokens parsed and nothing
+//!   added; BOS is then put first unless the text already began with it (templates that write
+//!   `bos_token`, or whose first special token is the BOS, as ChatML's `<|im_start|>` is for
+//!   SmolLM2). Token-id prompts are taken as sent.
+//! - **Context**: a prompt is not empty, has at most `max_prompt_tokens` tokens and leaves room
+//!   in the per-sequence context; an unset `max_tokens` is clamped to that room, an explicit one
+//!   that does not fit is refused with the numbers.
+//! - **Errors**: a [`PrepareError`] names the field, the limit and the value; nothing here knows
+//!   HTTP.
+
+mod error;
+mod sampling;
+mod wire;
+
+use abserve_protocol::{ChatMessage, Sampling};
+
+use crate::chat::ChatTemplateError;
+use crate::request::Request;
+use crate::sampler::SamplingParams;
+
+pub use error::PrepareError;
+pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
+pub use wire::{
+    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, PromptInput,
+    MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N, ROLES,
+};
+
+/// What preparation needs of a model: its chat template and its vocabulary. The engine
+/// implements it over the loaded model; the server's tests over a fake.
+pub trait Tokenizer {
+    /// The model's chat template applied to `messages`, ending with the assistant's turn.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError>;
+    /// Token ids of `text`, special tokens parsed, nothing added.
+    fn tokenize(&self, text: &str) -> Vec<i32>;
+    /// The BOS token, when the vocabulary asks for one at the start of every prompt.
+    fn bos(&self) -> Option<i32>;
+    fn n_vocab(&self) -> usize;
+}
+
+/// A shared model prepares like the model itself.
+impl<T: Tokenizer + ?Sized> Tokenizer for std::sync::Arc<T> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+        (**self).render_chat(messages)
+    }
+    fn tokenize(&self, text: &str) -> Vec<i32> {
+        (**self).tokenize(text)
+    }
+    fn bos(&self) -> Option<i32> {
+        (**self).bos()
+    }
+    fn n_vocab(&self) -> usize {
+        (**self).n_vocab()
+    }
+}
+
+/// What a request is made from.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// A conversation, rendered with the model's chat template.
+    Chat(&'a [ChatMessage]),
+    /// A completions prompt as text.
+    Text(&'a str),
+    /// A completions prompt as token ids (checked against the vocabulary by the caller).
+    Tokens(&'a [i32]),
+}
+
+impl<'a> From<&'a PromptInput> for Input<'a> {
+    fn from(p: &'a PromptInput) -> Input<'a> {
+        match p {
+            PromptInput::Text(t) => Input::Text(t),
+            PromptInput::Tokens(t) => Input::Tokens(t),
+        }
+    }
+}
+
+/// The context a prompt must fit.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Per-sequence context in tokens (the plan's).
+    pub context: usize,
+    /// Longest prompt accepted (`serve --max-prompt-tokens`; below the context).
+    pub max_prompt_tokens: usize,
+}
+
+impl Limits {
+    /// Only the context bounds the prompt.
+    pub fn context(context: usize) -> Limits {
+        Limits {
+            context,
+            max_prompt_tokens: usize::MAX,
+        }
+    }
+}
+
+/// A prepared prompt: its tokens and the parameters to sample it with.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub prompt: Vec<i32>,
+    pub params: SamplingParams,
+}
+
+impl Prepared {
+    /// An engine request for this prompt (no fairness group).
+    pub fn request(self) -> Request {
+        Request::new(self.prompt, self.params)
+    }
+}
+
+/// The tokens of a prompt made from text: special tokens parsed, BOS first exactly once when
+/// the vocabulary asks for it (see the module's invariants).
+pub fn text_tokens(tok: &dyn Tokenizer, text: &str) -> Vec<i32> {
+    let mut tokens = tok.tokenize(text);
+    if let Some(bos) = tok.bos() {
+        if tokens.first() != Some(&bos) {
+            tokens.insert(0, bos);
+        }
+    }
+    tokens
+}
+
+/// The tokens of an input.
+pub fn input_tokens(tok: &dyn Tokenizer, input: Input<'_>) -> Result<Vec<i32>, PrepareError> {
+    Ok(match input {
+        Input::Chat(messages) => {
+            let text = tok
+                .render_chat(messages)
+                .map_err(|e| PrepareError::new("messages", e.to_string()))?;
+            text_tokens(tok, &text)
+        }
+        Input::Text(text) => text_tokens(tok, text),
+        Input::Tokens(ids) => ids.to_vec(),
+    })
+}
+
+/// An input and its sampling settings as a prompt the engine can run (see the module doc).
+pub fn prepare(
+    tok: &dyn Tokenizer,
+    input: Input<'_>,
+    sampling: &Sampling,
+    options: &Options,
+    limits: Limits,
+) -> Result<Prepared, PrepareError> {
+    let mut params = sampling_params(sampling, options)?;
+    let prompt = input_tokens(tok, input)?;
+    fit_context(&prompt, &mut params, sampling.max_tokens.is_some(), limits)?;
+    Ok(Prepared { prompt, params })
+}
+
+/// Checks a prompt against the context: not empty, at most `max_prompt_tokens`, and room left
+/// for `max_tokens` — clamped to the room when the caller did not set it (`explicit_max`), an
+/// error naming the numbers when it did.
+pub fn fit_context(
+    prompt: &[i32],
+    params: &mut SamplingParams,
+    explicit_max: bool,
+    limits: Limits,
+) -> Result<(), PrepareError> {
+    let ctx = limits.context;
+    let limit = limits.max_prompt_tokens.min(ctx.saturating_sub(1));
+    if prompt.is_empty() {
+        return Err(PrepareError::new("prompt", "The prompt is empty."));
+    }
+    if prompt.len() > limit {
+        return Err(PrepareError::new(
+            "messages",
+            format!(
+                "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
+                prompt.len()
+            ),
+        )
+        .beyond(limit, prompt.len()));
+    }
+    let room = ctx - prompt.len();
+    if !explicit_max {
+        params.max_tokens = params.max_tokens.min(room as u32);
+    } else if params.max_tokens as usize > room {
+        return Err(PrepareError::new(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Reduce the prompt or max_tokens.",
+                prompt.len() + params.max_tokens as usize,
+                prompt.len(),
+                params.max_tokens
+            ),
+        )
+        .beyond(room, params.max_tokens));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! The checks of an OpenAI request body that do not depend on the model: the messages (roles,
+//! text parts, sizes), `n`, the log-probability options and a completions prompt's shape.
+//!
+//! Limits: `n` ≤ [`MAX_N`], at most [`MAX_MESSAGES`] messages of at most [`MAX_MESSAGE_BYTES`]
+//! of text together, `top_logprobs` ≤ 20 (completions `logprobs` ≤ 5), at most
+//! [`MAX_COMPLETIONS`] completions per request (prompts × n).
+
+use abserve_protocol::wire::{ChatRequest, CompletionRequest, Content, Prompt};
+use abserve_protocol::ChatMessage;
+
+use super::error::PrepareError;
+
+pub const MAX_N: i64 = 16;
+pub const MAX_MESSAGES: usize = 1024;
+/// Text of all messages together, in bytes (a prompt this long fits no context we serve).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Sequences one completions request may ask for (prompts × n).
+pub const MAX_COMPLETIONS: usize = 64;
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// `n`: how many choices (1 by default).
+pub fn n_choices(n: Option<i64>) -> Result<usize, PrepareError> {
+    match n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_N).contains(&n) => Ok(n as usize),
+        Some(n) => Err(
+            PrepareError::new("n", format!("n must be between 1 and {MAX_N}, got {n}"))
+                .beyond(format!("1 to {MAX_N}"), n),
+        ),
+    }
+}
+
+/// The messages of a chat request as the engine's, roles checked, text parts joined.
+pub fn chat_messages(r: &ChatRequest) -> Result<Vec<ChatMessage>, PrepareError> {
+    if r.messages.is_empty() || r.messages.len() > MAX_MESSAGES {
+        return Err(PrepareError::new(
+            "messages",
+            format!(
+                "messages must hold between 1 and {MAX_MESSAGES} messages, got {}",
+                r.messages.len()
+            ),
+        )
+        .beyond(format!("1 to {MAX_MESSAGES}"), r.messages.len()));
+    }
+    let mut bytes = 0usize;
+    let mut out = Vec::with_capacity(r.messages.len());
+    for (i, m) in r.messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(PrepareError::new(
+                format!("messages[{i}].role"),
+                format!(
+                    "'{}' is not a valid role; expected one of {}",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut s = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => s.push_str(t),
+                        _ => {
+                            return Err(PrepareError::new(
+                                format!("messages[{i}].content[{j}]"),
+                                "only text content parts are supported",
+                            ))
+                        }
+                    }
+                }
+                s
+            }
+        };
+        bytes += content.len();
+        if bytes > MAX_MESSAGE_BYTES {
+            return Err(PrepareError::new(
+                "messages",
+                format!("the messages hold more than {MAX_MESSAGE_BYTES} bytes of text"),
+            )
+            .beyond(MAX_MESSAGE_BYTES, bytes));
+        }
+        // system prompts are called "developer" in newer clients; the templates know "system"
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        out.push(ChatMessage::new(role, &content));
+    }
+    Ok(out)
+}
+
+/// Chat `logprobs`/`top_logprobs` as the number of alternatives to report, if any.
+pub fn chat_logprobs(r: &ChatRequest) -> Result<Option<u32>, PrepareError> {
+    match (r.logprobs, r.top_logprobs) {
+        (_, Some(n)) if !(0..=20).contains(&n) => Err(PrepareError::new(
+            "top_logprobs",
+            format!("top_logprobs must be between 0 and 20, got {n}"),
+        )
+        .beyond("0 to 20", n)),
+        (false, Some(_)) => Err(PrepareError::new(
+            "top_logprobs",
+            "top_logprobs requires logprobs to be true",
+        )),
+        (true, n) => Ok(Some(n.unwrap_or(0) as u32)),
+        (false, None) => Ok(None),
+    }
+}
+
+/// Completions `logprobs` (0..=5 alternatives).
+pub fn completion_logprobs(r: &CompletionRequest) -> Result<Option<u32>, PrepareError> {
+    match r.logprobs {
+        None => Ok(None),
+        Some(n) if (0..=5).contains(&n) => Ok(Some(n as u32)),
+        Some(n) => Err(PrepareError::new(
+            "logprobs",
+            format!("logprobs must be between 0 and 5, got {n}"),
+        )
+        .beyond("0 to 5", n)),
+    }
+}
+
+/// A completions prompt as one or more inputs: texts or token-id lists (ids checked against a
+/// vocabulary of `n_vocab`), never an empty list, and with `n` at most [`MAX_COMPLETIONS`]
+/// sequences; `echo` is refused (the prompt is not repeated in the answer).
+pub fn completion_prompts(
+    r: &CompletionRequest,
+    n: usize,
+    n_vocab: usize,
+) -> Result<Vec<PromptInput>, PrepareError> {
+    if r.echo {
+        // it used to be accepted and ignored; a client that asks for its prompt back must know
+        return Err(PrepareError::new(
+            "echo",
+            "echo is not supported; the prompt is not repeated in the answer",
+        ));
+    }
+    let vocab = n_vocab as i64;
+    let ids = |ids: &[i64]| -> Result<PromptInput, PrepareError> {
+        ids.iter()
+            .map(|&t| {
+                if (0..vocab).contains(&t) {
+                    Ok(t as i32)
+                } else {
+                    Err(PrepareError::new(
+                        "prompt",
+                        format!("token id {t} is outside the vocabulary of {vocab}"),
+                    )
+                    .beyond(format!("0 to {}", vocab - 1), t))
+                }
+            })
+            .collect::<Result<_, _>>()
+            .map(PromptInput::Tokens)
+    };
+    let inputs: Vec<PromptInput> = match &r.prompt {
+        Prompt::Text(s) => vec![PromptInput::Text(s.clone())],
+        Prompt::Texts(v) if !v.is_empty() => v.iter().cloned().map(PromptInput::Text).collect(),
+        Prompt::Tokens(t) => vec![ids(t)?],
+        Prompt::TokenLists(l) if !l.is_empty() => {
+            l.iter().map(|t| ids(t)).collect::<Result<_, _>>()?
+        }
+        _ => {
+            return Err(PrepareError::new(
+                "prompt",
+                "prompt must not be an empty list",
+            ))
+        }
+    };
+    if inputs.len() * n > MAX_COMPLETIONS {
+        return Err(PrepareError::new(
+            "prompt",
+            format!("at most {MAX_COMPLETIONS} completions per request (prompts × n)"),
+        )
+        .beyond(MAX_COMPLETIONS, inputs.len() * n));
+    }
+    Ok(inputs)
+}
+
+/// One prompt of a completions request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<i32>),
+}
