@@ -339,7 +339,8 @@ fn prompt_longer_than_context_is_one_clear_error() {
         "--prompt",
         &long,
     ]);
-    assert_clean_error(&out, "context is 64 tokens");
+    assert_clean_error(&out, "maximum context length is 64 tokens");
+    assert_clean_error(&out, "your prompt has 201 tokens");
 }
 
 #[test]

@@ -563,13 +563,13 @@ async fn a_job_that_always_fails_is_dead_lettered_with_its_error_and_reported() 
     for r in &failed {
         let e = r["error"].as_str().unwrap();
         assert!(
-            e.contains("failed 2 times") && e.contains("does not fit the context"),
+            e.contains("failed 2 times") && e.contains("maximum context length is 512 tokens"),
             "{e}"
         );
         assert_eq!(r["attempts"], 2);
     }
     assert!(
-        out.contains("too-long") && out.contains("does not fit the context"),
+        out.contains("too-long") && out.contains("maximum context length is 512 tokens"),
         "the eval reports it: {out}"
     );
     // the three jobs wait in the dead-letter queue, each with its error
@@ -583,7 +583,11 @@ async fn a_job_that_always_fails_is_dead_lettered_with_its_error_and_reported() 
     let headers = m.delivery.properties.headers().clone().unwrap();
     match headers.inner().get("x-abserve-error") {
         Some(AMQPValue::LongString(e)) => {
-            assert!(e.to_string().contains("does not fit the context"), "{e}")
+            assert!(
+                e.to_string()
+                    .contains("maximum context length is 512 tokens"),
+                "{e}"
+            )
         }
         other => panic!("no error header: {other:?}"),
     }

@@ -42,7 +42,7 @@ pub struct GgmlDevice {
 
 impl Device for GgmlDevice {
     fn memory(&self) -> DeviceMemory {
-        let _ = crate::backend::backend();
+        let _ = crate::llama::backend();
         llama_cpp_2::list_llama_ggml_backend_devices()
             .into_iter()
             .find(|d| d.index == self.index)
@@ -73,7 +73,7 @@ fn memory_of(d: llama_cpp_2::LlamaBackendDevice) -> DeviceMemory {
 
 /// Every device ggml knows in this build, with its kind (`cpu`, `gpu`, `igpu`, `accel`).
 pub fn list() -> Vec<(DeviceMemory, &'static str)> {
-    let _ = crate::backend::backend();
+    let _ = crate::llama::backend();
     llama_cpp_2::list_llama_ggml_backend_devices()
         .into_iter()
         .map(|d| {
@@ -93,7 +93,7 @@ pub fn list() -> Vec<(DeviceMemory, &'static str)> {
 /// The GPU to offload to: the one named `name`, else the first GPU; `None` when the build has
 /// none (a CPU build), which means no offload.
 pub fn find(name: Option<&str>) -> Result<Option<Arc<dyn Device>>, String> {
-    let _ = crate::backend::backend();
+    let _ = crate::llama::backend();
     let gpus: Vec<_> = llama_cpp_2::list_llama_ggml_backend_devices()
         .into_iter()
         .filter(|d| !matches!(d.device_type, llama_cpp_2::LlamaBackendDeviceType::Cpu))

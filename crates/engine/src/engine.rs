@@ -1,206 +1,28 @@
-//! The engine: plan memory, load the model once, and run the scheduler on one dedicated thread
-//! that alone owns the llama.cpp context. Everything else holds an [`Engine`] handle and talks
-//! to that thread through a channel (validation → queue → scheduler → backend).
+//! The engine handle: plan memory, load the model once, and run the scheduler on one dedicated
+//! thread (`engine_loop`) that alone owns the llama.cpp context. Everything else holds an
+//! [`Engine`] and talks to that thread through a channel (validation → queue → scheduler →
+//! llama.cpp, as TGI's router does).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use abserve_protocol::Sampling;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::Sender;
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::backend::{take_buffer_log, Context, ContextConfig, LlamaBuffers, Model};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+use crate::config::{DeviceHandle, EngineConfig, GpuLayers};
 use crate::device::Device;
-use crate::gguf::{GgufError, GgufHeader, ModelShape};
-use crate::plan::{
-    available_memory, current_rss, human_bytes, Budget, DoesNotFit, KvType, MemoryPlan, Offload,
-    PlanRequest,
-};
+use crate::engine_loop::{run_guarded, Command};
+use crate::gguf::GgufError;
+use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
+use crate::plan::{current_rss, human_bytes, DoesNotFit, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
-use crate::scheduler::{
-    Compute, EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
-};
-
-/// How many requests may wait beyond the running slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueLimit {
-    /// Callers that bound their own concurrency (generate, eval).
-    Unbounded,
-    Fixed(usize),
-    /// This many per sequence slot of the plan (serve's default: 2).
-    PerSlot(usize),
-}
-
-impl QueueLimit {
-    pub fn resolve(self, slots: usize) -> usize {
-        match self {
-            QueueLimit::Unbounded => usize::MAX,
-            QueueLimit::Fixed(n) => n,
-            QueueLimit::PerSlot(k) => k.saturating_mul(slots),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub model: PathBuf,
-    pub budget: Budget,
-    pub margin: f64,
-    /// Per-sequence context in tokens.
-    pub context: u64,
-    /// Prefill chunk / tokens per llama_decode.
-    pub n_batch: u64,
-    pub max_sequences: u64,
-    pub kv_type: KvType,
-    /// Cap on KV cells regardless of budget (tests keep the cache small with it).
-    pub kv_cells_cap: Option<u64>,
-    pub threads: i32,
-    /// Requests that may wait beyond the running slots before `submit` answers QueueFull.
-    pub max_queue: QueueLimit,
-    pub use_mmap: bool,
-    /// Test-only off: admit without checking free KV cells (in a unified pool, see `plan`).
-    pub admission_control: bool,
-    /// Share the KV of common prompt prefixes between sequences.
-    pub prefix_sharing: bool,
-    /// llama.cpp's flash attention (on by default, as llama.cpp's server resolves "auto" on a
-    /// CPU). Without it the compute buffer grows with the KV cache (a full attention-score
-    /// matrix per micro-batch).
-    pub flash_attention: bool,
-    /// Memory the budget is a share of; `None` means this machine's available memory.
-    pub memory_total: Option<u64>,
-    /// One KV pool for every sequence instead of one stream per slot (see docs/engine.md).
-    pub kv_unified: bool,
-    /// Inter-token latency target: one more decoding sequence is not admitted when the measured
-    /// step time would pass it and the extra sequence would add little throughput. 0: off.
-    pub max_itl_ms: f64,
-    /// Host-memory prefix store bytes (`None`: 5% of the budget with split streams; 0: off).
-    pub prefix_store: Option<u64>,
-    /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
-    /// `None`: everything on the host.
-    pub device: Option<DeviceHandle>,
-    /// Layers to offload when there is a device (`None`: all of them).
-    pub gpu_layers: Option<GpuLayers>,
-    /// The device budget: bytes, or a share of the device's free memory (default all of it,
-    /// less the margin).
-    pub device_budget: Budget,
-}
-
-/// How many layers go to the device (`--gpu-layers N|all`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuLayers {
-    All,
-    Count(u64),
-}
-
-impl std::str::FromStr for GpuLayers {
-    type Err = String;
-    fn from_str(s: &str) -> Result<GpuLayers, String> {
-        match s {
-            "all" => Ok(GpuLayers::All),
-            n => n
-                .parse()
-                .map(GpuLayers::Count)
-                .map_err(|_| format!("--gpu-layers takes a number or 'all', not '{s}'")),
-        }
-    }
-}
-
-/// A shared device, printable in a config.
-#[derive(Clone)]
-pub struct DeviceHandle(pub Arc<dyn Device>);
-
-impl std::fmt::Debug for DeviceHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Device({})", self.0.memory().name)
-    }
-}
-
-impl EngineConfig {
-    pub fn new(model: impl Into<PathBuf>) -> Self {
-        EngineConfig {
-            model: model.into(),
-            budget: Budget::Bytes(2 << 30),
-            margin: 0.10,
-            context: 2048,
-            n_batch: 512,
-            max_sequences: 64,
-            kv_type: KvType::F16,
-            kv_cells_cap: None,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get() as i32)
-                .unwrap_or(2),
-            max_queue: QueueLimit::Unbounded,
-            use_mmap: true,
-            admission_control: true,
-            prefix_sharing: true,
-            flash_attention: true,
-            memory_total: None,
-            kv_unified: false,
-            max_itl_ms: 0.0,
-            prefix_store: None,
-            device: None,
-            gpu_layers: None,
-            device_budget: Budget::Fraction(1.0),
-        }
-    }
-
-    /// Transformer layers offloaded: 0 without a device; `n_layer + 1` for all (the output layer
-    /// too, as llama.cpp counts it).
-    pub fn offloaded_layers(&self, n_layer: u64) -> u64 {
-        match (&self.device, self.gpu_layers) {
-            (None, _) => 0,
-            (Some(_), None | Some(GpuLayers::All)) => n_layer + 1,
-            (Some(_), Some(GpuLayers::Count(n))) => n.min(n_layer + 1),
-        }
-    }
-
-    /// Reads the header and makes the plan; loads nothing.
-    /// The device part of the plan's request: the device's memory now, the offloaded layers and
-    /// their weights from the tensor table.
-    fn offload(&self, header: &GgufHeader, shape: &ModelShape) -> Option<Offload> {
-        let device = self.device.as_ref()?;
-        let gpu_layers = self.offloaded_layers(shape.n_layer);
-        (gpu_layers > 0).then(|| Offload {
-            device: device.0.memory(),
-            budget: self.device_budget,
-            layers: gpu_layers.min(shape.n_layer),
-            weights_bytes: header.offloaded_bytes(shape.n_layer, gpu_layers),
-        })
-    }
-
-    pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
-        let header = GgufHeader::read(&self.model)?;
-        let shape = ModelShape::from_header(&header)?;
-        let plan = MemoryPlan::new(&PlanRequest {
-            weights_bytes: header.weights_bytes(),
-            shape,
-            kv_type: self.kv_type,
-            memory_total: self.memory_total.unwrap_or_else(available_memory),
-            budget: self.budget,
-            margin: self.margin,
-            context: self.context,
-            n_batch: self.n_batch,
-            max_sequences: self.max_sequences,
-            kv_cells_cap: self.kv_cells_cap,
-            flash_attention: self.flash_attention,
-            // without admission control only a unified pool can run out (a split stream always
-            // holds its own sequence), and that is what the switch exists to show
-            kv_unified: self.kv_unified || !self.admission_control,
-            prefix_store: if self.prefix_sharing {
-                self.prefix_store
-            } else {
-                Some(0)
-            },
-            offload: self.offload(&header, &shape),
-        });
-        Ok((header, plan))
-    }
-}
+use crate::scheduler::{EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
 
 /// What llama.cpp allocated, beside the plan: resident memory after loading and after the
 /// context, its buffers, and the device buffers against the device part of the plan.
@@ -241,7 +63,7 @@ pub enum EngineError {
     #[error(transparent)]
     DoesNotFit(#[from] DoesNotFit),
     #[error(transparent)]
-    Backend(#[from] crate::backend::BackendError),
+    Llama(#[from] crate::llama::LlamaError),
     #[error("engine thread failed to start: {0}")]
     Thread(String),
     #[error("--context {context} is longer than the model's training context of {train} tokens")]
@@ -257,13 +79,6 @@ pub struct MeasuredMemory {
     pub llama: LlamaBuffers,
 }
 
-enum Command {
-    Submit(Request, crate::request::EventSender),
-    /// Members admitted together (see `Scheduler::enqueue_gang`).
-    SubmitGroup(Vec<(Request, crate::request::EventSender)>),
-    Shutdown,
-}
-
 pub struct Engine {
     tx: Sender<Command>,
     model: Arc<Model>,
@@ -275,55 +90,8 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
     model_path: PathBuf,
     device: Option<DeviceHandle>,
-}
-
-struct LlamaCompute<'m> {
-    model: &'m Model,
-    ctx: Context<'m>,
-}
-
-impl Compute for LlamaCompute<'_> {
-    fn batch_capacity(&self) -> usize {
-        self.ctx.batch_capacity()
-    }
-    fn clear_batch(&mut self) {
-        self.ctx.clear_batch()
-    }
-    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
-        self.ctx.add(token, pos, seq, logits)
-    }
-    fn decode(&mut self) -> Result<bool, String> {
-        self.ctx.decode()
-    }
-    fn logits(&self, batch_index: usize) -> &[f32] {
-        self.ctx.logits(batch_index)
-    }
-    fn remove_seq(&mut self, seq: i32) {
-        self.ctx.remove_seq(seq)
-    }
-    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        self.ctx.share_prefix(src, dst, len)
-    }
-    fn truncate_seq(&mut self, seq: i32, len: usize) {
-        self.ctx.truncate_seq(seq, len)
-    }
-    fn save_seq(&mut self, seq: i32) -> Option<(crate::scheduler::Snapshot, usize)> {
-        let st = self.ctx.save_seq(seq)?;
-        let n = st.byte_len();
-        Some((Box::new(st), n))
-    }
-    fn restore_seq(&mut self, snap: &crate::scheduler::Snapshot, seq: i32) -> bool {
-        match snap.downcast_ref::<llama_cpp_2::SeqState>() {
-            Some(st) => self.ctx.restore_seq(st, seq),
-            None => false,
-        }
-    }
-    fn piece(&self, token: i32) -> Vec<u8> {
-        self.model.piece(token)
-    }
-    fn is_eog(&self, token: i32) -> bool {
-        self.model.is_eog(token)
-    }
+    /// Why the engine thread stopped, when it was not asked to (see `engine_loop`).
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 impl Engine {
@@ -362,10 +130,12 @@ impl Engine {
         let (bos, eos) = model.bos_eos_text();
         let chat = ChatTemplate::new(header.chat_template(), &bos, &eos);
         let stats = Arc::new(EngineStats::default());
+        let failure = Arc::new(Mutex::new(None));
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = {
             let model = model.clone();
+            let failure = failure.clone();
             let plan = plan.clone();
             let stats = stats.clone();
             let threads = cfg.threads;
@@ -408,7 +178,9 @@ impl Engine {
                     if let Some(o) = observer {
                         sched.set_observer(o);
                     }
-                    run_loop(&mut sched, &mut compute, rx);
+                    if let Err(cause) = run_guarded(&mut sched, &mut compute, &rx) {
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
+                    }
                 })
                 .map_err(|e| EngineError::Thread(e.to_string()))?
         };
@@ -433,6 +205,7 @@ impl Engine {
             thread: Some(thread),
             model_path: cfg.model,
             device: cfg.device,
+            failure,
         })
     }
 
@@ -472,6 +245,14 @@ impl Engine {
 
     pub fn is_alive(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Why the engine thread died (a caught panic), once it has.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The tokens of a text prompt (special tokens parsed, BOS first once when the vocabulary
@@ -625,55 +406,4 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: Receiver<Command>) {
-    let handle = |sched: &mut Scheduler, cmd: Command| -> bool {
-        match cmd {
-            Command::Submit(req, tx) => {
-                sched.enqueue(req, tx);
-                true
-            }
-            Command::SubmitGroup(members) => {
-                sched.enqueue_gang(members);
-                true
-            }
-            Command::Shutdown => false,
-        }
-    };
-    loop {
-        if sched.is_idle() {
-            match rx.recv() {
-                Ok(cmd) => {
-                    if !handle(sched, cmd) {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        let mut stop = false;
-        while let Ok(cmd) = rx.try_recv() {
-            if !handle(sched, cmd) {
-                stop = true;
-                break;
-            }
-        }
-        if stop {
-            break;
-        }
-        if !sched.step(be) && !sched.is_idle() {
-            // nothing runnable yet (e.g. waiting on a shared prefix): wait briefly for input
-            match rx.recv_timeout(Duration::from_millis(1)) {
-                Ok(cmd) => {
-                    if !handle(sched, cmd) {
-                        break;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        }
-    }
-    sched.abort_all(be);
 }

@@ -3,7 +3,9 @@
 //!
 //! - [`plan`]: the memory plan from the GGUF header alone ([`gguf`]), before any weights load,
 //!   split between host and a [`device`] when layers are offloaded;
-//! - `engine`: [`Engine`] starts the thread that owns the llama.cpp context (`backend`) and
+//! - `config`: [`EngineConfig`] and the plan it implies; `engine`: [`Engine`], the handle, starts
+//!   the thread (`engine_loop`: the step loop, which survives no panic silently) that owns the
+//!   llama.cpp context (`llama`: model, context and the scheduler's `Compute` over them) and
 //!   takes [`Request`]s; each answers on its own channel of [`Event`]s ([`collect`] folds them);
 //! - `scheduler`: admission, KV slots and cells, prefix reuse, batching, preemption (see
 //!   docs/engine.md), with [`EngineStats`] as the only shared state;
@@ -11,11 +13,13 @@
 //!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
-mod backend;
 mod chat;
 mod collect;
+mod config;
 pub mod device;
 mod engine;
+mod engine_loop;
+mod llama;
 pub mod prepare;
 mod request;
 mod sampler;
@@ -25,11 +29,12 @@ mod text;
 pub mod gguf;
 pub mod plan;
 
-pub use backend::Model;
 pub use chat::{ChatMessage, ChatTemplateError};
 pub use collect::{collect, collect_blocking, Collector, Output};
+pub use config::{DeviceHandle, EngineConfig, GpuLayers, QueueLimit};
 pub use engine::MeasuredMemory;
-pub use engine::{DeviceHandle, Engine, EngineConfig, EngineError, GpuLayers, QueueLimit};
+pub use engine::{Engine, EngineError};
+pub use llama::Model;
 pub use request::{
     Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError,
 };

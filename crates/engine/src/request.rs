@@ -99,6 +99,10 @@ pub enum GenerationError {
     /// The event channel closed before an answer (the engine thread is gone).
     #[error("the engine stopped before the request finished")]
     EngineStopped,
+    /// A state the engine must never reach (a bug), named: the request concerned fails, the
+    /// engine goes on (or, after a panic, stops with every request failed: `engine_loop`).
+    #[error("internal engine error: {0}")]
+    Internal(String),
 }
 
 impl GenerationError {
@@ -110,6 +114,7 @@ impl GenerationError {
             GenerationError::Decode(_) => "decode",
             GenerationError::ShuttingDown => "shutting_down",
             GenerationError::EngineStopped => "engine_stopped",
+            GenerationError::Internal(_) => "internal",
         }
     }
 }

@@ -44,9 +44,8 @@ impl TextStream {
                 return self.release();
             }
         };
-        let s = std::str::from_utf8(&self.pending_bytes[..valid])
-            .expect("checked")
-            .to_owned();
+        // valid UTF-8 up to `valid` (checked above): the lossy conversion replaces nothing
+        let s = String::from_utf8_lossy(&self.pending_bytes[..valid]).into_owned();
         self.pending_bytes.drain(..valid);
         self.held.push_str(&s);
         self.release()

@@ -49,6 +49,8 @@ pub const CANCELLATIONS: &str = "abserve_cancellations_total";
 
 pub const PREFIX_COPIES: &str = "abserve_prefix_copies_total";
 pub const PREFIX_RESTORES: &str = "abserve_prefix_restores_total";
+/// Impossible states the engine met (each failed one request) and panics it caught.
+pub const ENGINE_FAULTS: &str = "abserve_engine_faults_total";
 pub const PREFIX_STORE_BYTES: &str = "abserve_prefix_store_bytes";
 pub const PREFIX_STORE_ENTRIES: &str = "abserve_prefix_store_entries";
 

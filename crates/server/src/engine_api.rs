@@ -19,6 +19,10 @@ pub trait EngineApi: Tokenizer + Send + Sync + 'static {
     fn stats(&self) -> StatsSnapshot;
     /// The engine thread still runs.
     fn is_alive(&self) -> bool;
+    /// Why the engine thread died, once it has (a caught panic).
+    fn failure(&self) -> Option<String> {
+        None
+    }
     /// Queues a request; its events arrive on the receiver, the first being `Admitted`.
     /// Dropping the receiver cancels it.
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError>;
@@ -49,6 +53,9 @@ impl EngineApi for Engine {
     }
     fn is_alive(&self) -> bool {
         Engine::is_alive(self)
+    }
+    fn failure(&self) -> Option<String> {
+        Engine::failure(self)
     }
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         Engine::submit(self, req)
@@ -84,6 +91,9 @@ impl<B: EngineApi + ?Sized> EngineApi for Arc<B> {
     }
     fn is_alive(&self) -> bool {
         (**self).is_alive()
+    }
+    fn failure(&self) -> Option<String> {
+        (**self).failure()
     }
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         (**self).submit(req)

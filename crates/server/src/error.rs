@@ -36,6 +36,15 @@ impl ApiError {
         e.code = Some("invalid_value");
         e
     }
+    /// A generation that ended without an answer: 500 for an internal engine error (a bug, the
+    /// state named), else 503 (the engine is stopping, or out of memory without admission
+    /// control).
+    pub fn generation(e: abserve_engine::GenerationError) -> Self {
+        match e {
+            abserve_engine::GenerationError::Internal(_) => Self::internal(e.to_string()),
+            e => Self::unavailable(e.to_string()),
+        }
+    }
     /// A request the preparation stage refused: 400 naming the field.
     pub fn prepare(e: PrepareError) -> Self {
         Self::invalid_param(&e.field, e.message)

@@ -358,10 +358,19 @@ pub async fn fanout(
         .await?;
     // one group: every variant enters the queue, or none does
     let admitted = state.admit_group(jobs, GroupOf::Variants).await?;
-    let orders: Vec<u64> = admitted.iter().map(|a| a.order).collect();
+    let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
     let outs =
         futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
             .await;
+    // the order read at admission, else the one collect saw in the stream
+    let orders: Vec<u64> = known
+        .iter()
+        .zip(&outs)
+        .map(|(k, o)| {
+            k.or_else(|| o.as_ref().ok().and_then(|o| o.admission_order))
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
     let mut results = vec![];
     for (v, o) in e.variants.iter().zip(outs) {
         let mut r = FanoutResult {

@@ -25,7 +25,11 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         })
         .into_response()
     } else {
-        ApiError::unavailable("The engine thread has stopped.").into_response()
+        let cause = state
+            .engine
+            .failure()
+            .map_or(String::new(), |c| format!(" ({c})"));
+        ApiError::unavailable(format!("The engine thread has stopped{cause}.")).into_response()
     }
 }
 

@@ -44,6 +44,7 @@ pub struct Metrics {
     prefix_store_bytes: IntGauge,
     prefix_store_entries: IntGauge,
     prefix_restores: IntCounter,
+    engine_faults: IntCounter,
     /// Run at every scrape before rendering: copy figures kept elsewhere (the worker's job
     /// counts) into collectors registered with [`Metrics::register`].
     hooks: std::sync::Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
@@ -288,6 +289,7 @@ impl Metrics {
             prefix_store_bytes: reg.gauge(names::PREFIX_STORE_BYTES, "Host memory held by saved prompt prefixes")?,
             prefix_store_entries: reg.gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory")?,
             prefix_restores: reg.counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot")?,
+            engine_faults: reg.counter(names::ENGINE_FAULTS, "Impossible engine states met (each failed one request) and engine panics caught (each failed every request in flight)")?,
             itl_held: reg.gauge(
                 names::REQUESTS_HELD_FOR_LATENCY,
                 "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
@@ -375,6 +377,7 @@ impl Metrics {
         self.prefix_store_bytes.set(s.prefix_store_bytes as i64);
         self.prefix_store_entries.set(s.prefix_store_entries as i64);
         bump(&self.prefix_restores, s.prefix_restores);
+        bump(&self.engine_faults, s.faults);
         // experiment names are defined by the operator, so this label stays bounded
         for (name, now, peak) in self.stats.groups() {
             self.experiment_kv

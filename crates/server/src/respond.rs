@@ -153,7 +153,7 @@ pub(crate) async fn collect_response(
     let want_lp = job.logprobs();
     let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
     for (i, r) in results.into_iter().enumerate() {
-        let c = r.map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let c = r.map_err(ApiError::generation)?;
         let d = c.completion;
         observe(&state, &d);
         cached += d.shared_prompt_tokens;

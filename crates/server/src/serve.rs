@@ -41,6 +41,7 @@ pub async fn serve(
     tokio::pin!(stop);
     let signal = signal();
     tokio::pin!(signal);
+    let mut died = None;
     loop {
         let (stream, _) = tokio::select! {
             conn = listener.accept() => match conn {
@@ -54,6 +55,10 @@ pub async fn serve(
             },
             _ = &mut stop => break,
             _ = &mut signal => break,
+            cause = engine_died(&state) => {
+                died = Some(cause);
+                break;
+            }
         };
         let conn = http.serve_connection_with_upgrades(
             TokioIo::new(stream),
@@ -68,8 +73,31 @@ pub async fn serve(
         });
     }
     drop(listener);
+    if let Some(cause) = died {
+        // every request in flight was already answered with the error; a supervisor restarts us
+        tracing::error!("{cause}; stopping with an error");
+        state.shutting_down.store(true, Ordering::SeqCst);
+        drain(&state, graceful, &open).await;
+        anyhow::bail!("{cause}");
+    }
     drain(&state, graceful, &open).await;
     Ok(())
+}
+
+/// Resolves once the engine thread has died (it does not stop before the server does), with
+/// the cause it left.
+async fn engine_died(state: &AppState) -> String {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        if !state.engine.is_alive() {
+            let cause = state
+                .engine
+                .failure()
+                .unwrap_or_else(|| "it stopped without a cause".into());
+            return format!("the engine thread died: {cause}");
+        }
+    }
 }
 
 /// Serves [`ops_router`] on `listener` until `stop` resolves, with the same request-head timeout

@@ -39,11 +39,12 @@ pub enum GroupOf {
     Completions,
 }
 
-/// One admitted sequence of a group: its events (the `Admitted` event already read) and its
-/// engine-wide admission order.
+/// One sequence of a group: its events and, once it was admitted, its engine-wide admission
+/// order (the `Admitted` event was read); `None` for a member of a group larger than the slots
+/// that is admitted later (its `Admitted` event is still in `rx`).
 pub struct Admitted {
     pub rx: UnboundedReceiver<Event>,
-    pub order: u64,
+    pub order: Option<u64>,
 }
 
 pub struct AppState {
@@ -194,9 +195,12 @@ impl AppState {
     }
 
     /// Submits requests that need several sequences (a fan-out, `n` choices, a multi-prompt
-    /// completion) as one group and waits until the engine admits them — together, in one step
-    /// — within the queue timeout: all run, or none (a 429 when there is no room for all now or
-    /// the timeout passes, dropping every receiver; a 400 when there never can be room).
+    /// completion) as one group: all enter the engine, or none (a 429 when the slots and the
+    /// queue have no room for all now, a 400 when they never can). A group that fits the slots
+    /// is admitted together, in one step; this waits for that within the queue timeout (a 429
+    /// after it, every receiver dropped, none of the group having run). A larger group can
+    /// never run at once: it holds its places in the queue, and this waits for its first
+    /// member; the rest run as slots free.
     pub async fn admit_group(
         &self,
         mut reqs: Vec<Request>,
@@ -212,12 +216,19 @@ impl AppState {
         };
         let deadline = tokio::time::sleep(self.config.queue_timeout);
         tokio::pin!(deadline);
+        let together = rxs.len() <= self.engine.plan().seq_slots as usize;
+        let wait_for = if together { rxs.len() } else { 1 };
         let mut admitted = Vec::with_capacity(rxs.len());
         for mut rx in rxs.drain(..) {
+            if admitted.len() >= wait_for {
+                // admitted later, as slots free; its `Admitted` event stays in its stream
+                admitted.push(Admitted { rx, order: None });
+                continue;
+            }
             let order = tokio::select! {
                 ev = rx.recv() => match ev {
                     Some(Event::Admitted { order, .. }) => order,
-                    Some(Event::Error(e)) => return Err(ApiError::unavailable(e.to_string())),
+                    Some(Event::Error(e)) => return Err(ApiError::generation(e)),
                     Some(_) | None => return Err(ApiError::unavailable("The engine stopped.")),
                 },
                 _ = &mut deadline => {
@@ -228,7 +239,10 @@ impl AppState {
                     ));
                 }
             };
-            admitted.push(Admitted { rx, order });
+            admitted.push(Admitted {
+                rx,
+                order: Some(order),
+            });
         }
         Ok(admitted)
     }

@@ -153,18 +153,30 @@ pub fn prepare(
 ) -> Result<Prepared, PrepareError> {
     let mut params = sampling_params(sampling, options)?;
     let prompt = input_tokens(tok, input)?;
-    fit_context(&prompt, &mut params, sampling.max_tokens.is_some(), limits)?;
+    let field = match input {
+        Input::Chat(_) => "messages",
+        Input::Text(_) | Input::Tokens(_) => "prompt",
+    };
+    fit_context(
+        &prompt,
+        &mut params,
+        sampling.max_tokens.is_some(),
+        limits,
+        field,
+    )?;
     Ok(Prepared { prompt, params })
 }
 
 /// Checks a prompt against the context: not empty, at most `max_prompt_tokens`, and room left
 /// for `max_tokens` — clamped to the room when the caller did not set it (`explicit_max`), an
-/// error naming the numbers when it did.
+/// error naming the numbers when it did. A prompt that is too long is an error of `field`
+/// (`messages` or `prompt`).
 pub fn fit_context(
     prompt: &[i32],
     params: &mut SamplingParams,
     explicit_max: bool,
     limits: Limits,
+    field: &str,
 ) -> Result<(), PrepareError> {
     let ctx = limits.context;
     let limit = limits.max_prompt_tokens.min(ctx.saturating_sub(1));
@@ -173,7 +185,7 @@ pub fn fit_context(
     }
     if prompt.len() > limit {
         return Err(PrepareError::new(
-            "messages",
+            field,
             format!(
                 "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
                 prompt.len()

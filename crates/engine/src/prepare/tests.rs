@@ -104,7 +104,7 @@ fn the_context_clamps_an_unset_max_tokens_and_refuses_an_explicit_one_that_does_
     .unwrap_err();
     assert_eq!(
         (e.field.as_str(), e.limit.as_deref()),
-        ("messages", Some("11"))
+        ("prompt", Some("11"))
     );
     let e = prepare(
         &tok,

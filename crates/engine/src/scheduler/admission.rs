@@ -300,8 +300,8 @@ impl Scheduler {
     /// Gives `s` a slot and the KV of its reusable prefix. A cached slot is taken in place (cut
     /// back to the common prefix) when that keeps the running slots in runs of consecutive ids;
     /// otherwise the slot from [`Self::take_slot`] receives the prefix: restored from the store,
-    /// or copied from the cached or running holder. `None` (with `s` back in the queue) when no
-    /// slot can be had.
+    /// or copied from the cached or running holder. `None` when no slot can be had (`s` back in
+    /// the queue) or the source found for it is gone (a fault: `s` fails alone, named).
     fn place<C: Compute>(
         &mut self,
         be: &mut C,
@@ -314,22 +314,22 @@ impl Scheduler {
         };
         let mut slot = None;
         if let Some((id, len)) = cached {
-            let in_place = self
-                .cache
-                .iter()
-                .find(|c| c.id == id)
-                .map(|c| c.slot)
-                .expect("source found in this admission");
+            let Some(in_place) = self.cache.iter().find(|c| c.id == id).map(|c| c.slot) else {
+                self.fault(
+                    s,
+                    format!("cached prefix {id}, found in this admission, is gone"),
+                );
+                return None;
+            };
             if !self.cfg.is_unified() && !self.joins_a_run(in_place) {
                 slot = self.take_slot(be, Some(id));
             }
             if slot.is_none() {
                 // take_slot may have reordered the cache; `keep` left this entry in it
-                let k = self
-                    .cache
-                    .iter()
-                    .position(|c| c.id == id)
-                    .expect("kept by take_slot");
+                let Some(k) = self.cache.iter().position(|c| c.id == id) else {
+                    self.fault(s, format!("cached prefix {id}, kept by take_slot, is gone"));
+                    return None;
+                };
                 let c = self.cache.swap_remove(k);
                 be.truncate_seq(c.slot, len);
                 self.cells.release(&c.cells[len..]);
@@ -361,12 +361,14 @@ impl Scheduler {
         self.clock += 1;
         let donor = match source {
             Source::Stored { id } => {
-                let e = self
-                    .store
-                    .entries
-                    .iter_mut()
-                    .find(|e| e.id == id)
-                    .expect("source found in this admission");
+                let Some(e) = self.store.entries.iter_mut().find(|e| e.id == id) else {
+                    self.slots.give_back(slot);
+                    self.fault(
+                        s,
+                        format!("stored prefix {id}, found in this admission, is gone"),
+                    );
+                    return None;
+                };
                 e.last_used = self.clock;
                 if be.restore_seq(&e.snap, slot) {
                     be.truncate_seq(slot, len);
@@ -387,22 +389,28 @@ impl Scheduler {
                 });
             }
             Source::Cached { id } => {
-                let c = self
-                    .cache
-                    .iter_mut()
-                    .find(|c| c.id == id)
-                    .expect("source found in this admission");
+                let Some(c) = self.cache.iter_mut().find(|c| c.id == id) else {
+                    self.slots.give_back(slot);
+                    self.fault(
+                        s,
+                        format!("cached prefix {id}, found in this admission, is gone"),
+                    );
+                    return None;
+                };
                 c.last_used = self.clock;
                 // the copy lands at the next decode: nothing may be restored into c.slot before
                 self.pinned.push(c.slot);
                 (c.slot, None)
             }
             Source::Running { id, .. } => {
-                let r = self
-                    .running
-                    .iter()
-                    .find(|r| r.seq.id == id)
-                    .expect("source found in this admission");
+                let Some(r) = self.running.iter().find(|r| r.seq.id == id) else {
+                    self.slots.give_back(slot);
+                    self.fault(
+                        s,
+                        format!("running sequence {id}, found in this admission, is gone"),
+                    );
+                    return None;
+                };
                 (r.slot, Some(r.cells[..len].to_vec()))
             }
         };

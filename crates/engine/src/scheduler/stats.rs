@@ -42,6 +42,8 @@ pub struct EngineStats {
     pub(crate) prefix_restores: AtomicU64,
     /// Waiting requests held back by the inter-token-latency target (last step).
     pub(crate) itl_held: AtomicU64,
+    /// Impossible states met (each failed one request) and panics caught (each failed all).
+    pub(crate) faults: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
 }
@@ -67,6 +69,7 @@ impl EngineStats {
             completed: l(&self.completed),
             inflight: l(&self.inflight),
             itl_held: l(&self.itl_held),
+            faults: l(&self.faults),
             prefix_store_bytes: l(&self.prefix_store_bytes),
             prefix_store_entries: l(&self.prefix_store_entries),
             prefix_restores: l(&self.prefix_restores),
@@ -114,6 +117,7 @@ pub struct StatsSnapshot {
     pub completed: u64,
     pub inflight: u64,
     pub itl_held: u64,
+    pub faults: u64,
     pub prefix_store_bytes: u64,
     pub prefix_store_entries: u64,
     pub prefix_restores: u64,

@@ -39,6 +39,10 @@ pub struct Control {
     pub fail: AtomicBool,
     /// The engine thread "stopped".
     pub dead: AtomicBool,
+    /// Why it stopped (a caught panic's cause).
+    pub failure: Mutex<Option<String>>,
+    /// Generations fail with an internal engine error (an impossible state) at once.
+    pub internal: AtomicBool,
     /// Every request submitted, in order.
     pub submitted: Mutex<Vec<Request>>,
 }
@@ -118,6 +122,9 @@ impl EngineApi for Fake {
     fn is_alive(&self) -> bool {
         !self.ctl.dead.load(Ordering::SeqCst)
     }
+    fn failure(&self) -> Option<String> {
+        self.ctl.failure.lock().unwrap().clone()
+    }
     fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         if self.ctl.queue_full.load(Ordering::SeqCst) {
             return Err(SubmitError::QueueFull(8));
@@ -128,6 +135,11 @@ impl EngineApi for Fake {
             queue_time: Duration::ZERO,
             order: 0,
         });
+        if self.ctl.internal.load(Ordering::SeqCst) {
+            let state = "running sequence 7, found in this admission, is gone".into();
+            let _ = tx.send(Event::Error(GenerationError::Internal(state)));
+            return Ok(rx);
+        }
         for (i, &b) in ANSWER[..n].iter().enumerate() {
             if i == 1 && self.ctl.fail.load(Ordering::SeqCst) {
                 let _ = tx.send(Event::Error(GenerationError::Decode("fake failure".into())));

@@ -2,6 +2,7 @@
 //! checks what a client sees (status, OpenAI's shapes, exact token counts) and what reached the
 //! engine.
 
+mod engine_death;
 mod fake;
 
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use crate::{router, AbState, AppState, Metrics, ServerConfig};
 
 struct App {
     router: Router,
+    state: Arc<AppState>,
     ctl: Arc<Control>,
     dir: Option<PathBuf>,
 }
@@ -89,7 +91,8 @@ async fn app_with(
     };
     let state = AppState::new(fake, metrics, config, ab);
     App {
-        router: router(state),
+        router: router(state.clone()),
+        state,
         ctl,
         dir,
     }

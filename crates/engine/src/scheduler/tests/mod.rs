@@ -2,8 +2,9 @@
 //! in the KV cache, so a wrong shared prefix, a wrong copy or a wrong recompute changes the
 //! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
 //! sequence id where a prefix can only be given by copying a whole stream. `unified.rs` tests
-//! the unified pool, `split.rs` the split streams (the default).
+//! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions.
 
+mod gang;
 mod split;
 mod unified;
 

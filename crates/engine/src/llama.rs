@@ -1,4 +1,4 @@
-//! The llama.cpp backend: loading a GGUF once, creating the one shared context, and the few
+//! llama.cpp: loading a GGUF once, creating the one shared context, and the few
 //! calls the scheduler makes on it (decode a batch, read logits, drop or share a sequence's KV).
 //!
 //! Only the engine thread holds a [`Context`]; the [`Model`] (weights and vocabulary) is
@@ -19,6 +19,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::plan::{KvType, MemoryPlan};
+use crate::scheduler::{Compute, Snapshot};
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
@@ -63,13 +64,18 @@ unsafe extern "C" fn log_callback(
     }
 }
 
-pub fn backend() -> &'static LlamaBackend {
-    BACKEND.get_or_init(|| {
-        // SAFETY: `log_callback` has the signature llama.cpp expects, never unwinds across the
-        // FFI boundary (it only copies the text and logs), and keeps no user data (null).
-        unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
-        LlamaBackend::init().expect("llama.cpp backend initialises once")
-    })
+/// llama.cpp's process-wide backend, initialised on first use (with abserve's log sink).
+pub fn backend() -> Result<&'static LlamaBackend, LlamaError> {
+    static INIT: Mutex<()> = Mutex::new(());
+    let _once = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(b) = BACKEND.get() {
+        return Ok(b);
+    }
+    // SAFETY: `log_callback` has the signature llama.cpp expects, never unwinds across the
+    // FFI boundary (it only copies the text and logs), and keeps no user data (null).
+    unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
+    let b = LlamaBackend::init().map_err(|e| LlamaError::Init(e.to_string()))?;
+    Ok(BACKEND.get_or_init(|| b))
 }
 
 /// Sizes llama.cpp reported for its buffers, in bytes: (kv, compute, output, model), and how
@@ -123,7 +129,9 @@ pub fn take_buffer_log() -> LlamaBuffers {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub enum LlamaError {
+    #[error("llama.cpp's backend did not initialise: {0}")]
+    Init(String),
     #[error("llama.cpp could not load model {0} (corrupt or unsupported GGUF)")]
     Load(String),
     #[error("llama.cpp could not create a context of {0} KV cells")]
@@ -141,20 +149,20 @@ impl Model {
         path: &Path,
         use_mmap: bool,
         device: Option<(usize, u64)>,
-    ) -> Result<Model, BackendError> {
+    ) -> Result<Model, LlamaError> {
         let mut params = LlamaModelParams::default().with_use_mmap(use_mmap);
         if let Some((index, layers)) = device {
             params = params.with_n_gpu_layers(layers.min(u32::MAX as u64) as u32);
             params = params.with_devices(&[index]).map_err(|e| {
-                BackendError::Load(format!("{} (device {index}: {e})", path.display()))
+                LlamaError::Load(format!("{} (device {index}: {e})", path.display()))
             })?;
         } else {
             // llama.cpp's default offloads every layer when a GPU backend is built in; the plan
             // placed everything on the host
             params = params.with_n_gpu_layers(0);
         }
-        let inner = LlamaModel::load_from_file(backend(), path, &params)
-            .map_err(|_| BackendError::Load(path.display().to_string()))?;
+        let inner = LlamaModel::load_from_file(backend()?, path, &params)
+            .map_err(|_| LlamaError::Load(path.display().to_string()))?;
         Ok(Model { inner })
     }
 
@@ -212,6 +220,8 @@ pub struct Context<'m> {
     unified: bool,
     batch: LlamaBatch<'static>,
     batch_cap: usize,
+    /// Why the batch being built cannot run (a token it could not take).
+    overflow: Option<String>,
 }
 
 pub struct ContextConfig {
@@ -224,7 +234,7 @@ impl<'m> Context<'m> {
         model: &'m Model,
         plan: &MemoryPlan,
         cfg: &ContextConfig,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, LlamaError> {
         let kv_type = match plan.kv_type {
             KvType::F16 => KvCacheType::F16,
             KvType::Q8_0 => KvCacheType::Q8_0,
@@ -247,14 +257,15 @@ impl<'m> Context<'m> {
             .with_n_threads_batch(cfg.threads);
         let ctx = model
             .inner
-            .new_context(backend(), params)
-            .map_err(|_| BackendError::Context(plan.kv_cells))?;
+            .new_context(backend()?, params)
+            .map_err(|_| LlamaError::Context(plan.kv_cells))?;
         let batch_cap = n_batch as usize;
         Ok(Context {
             ctx,
             unified: plan.kv_unified,
             batch: LlamaBatch::new(batch_cap, 1),
             batch_cap,
+            overflow: None,
         })
     }
 
@@ -264,17 +275,31 @@ impl<'m> Context<'m> {
 
     pub fn clear_batch(&mut self) {
         self.batch.clear();
+        self.overflow = None;
     }
 
+    /// Adds a token to the batch. The scheduler never exceeds the batch capacity; if it did,
+    /// the batch is refused at [`Context::decode`] (its requests fail, named) instead of a panic.
     pub fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
-        self.batch
+        if let Err(e) = self
+            .batch
             .add(LlamaToken(token), pos as i32, &[seq], logits)
-            .expect("scheduler never exceeds the batch capacity");
+        {
+            self.overflow.get_or_insert_with(|| {
+                format!(
+                    "the batch of {} tokens refused one more: {e}",
+                    self.batch_cap
+                )
+            });
+        }
     }
 
     /// Runs the batch. `Ok(false)` means llama.cpp found no KV slot (the caller frees cells
     /// and retries); other failures are errors.
     pub fn decode(&mut self) -> Result<bool, String> {
+        if let Some(e) = self.overflow.take() {
+            return Err(e);
+        }
         match self.ctx.decode(&mut self.batch) {
             Ok(()) => Ok(true),
             Err(llama_cpp_2::DecodeError::NoKvCacheSlot) => Ok(false),
@@ -324,5 +349,55 @@ impl<'m> Context<'m> {
     /// Loads a saved state into `seq` (which may differ from the one it was saved from).
     pub fn restore_seq(&mut self, state: &llama_cpp_2::SeqState, seq: i32) -> bool {
         self.ctx.state_seq_set(state, seq).is_ok()
+    }
+}
+
+/// The scheduler's [`Compute`] over the one llama.cpp context (the engine thread's).
+pub(crate) struct LlamaCompute<'m> {
+    pub model: &'m Model,
+    pub ctx: Context<'m>,
+}
+
+impl Compute for LlamaCompute<'_> {
+    fn batch_capacity(&self) -> usize {
+        self.ctx.batch_capacity()
+    }
+    fn clear_batch(&mut self) {
+        self.ctx.clear_batch()
+    }
+    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
+        self.ctx.add(token, pos, seq, logits)
+    }
+    fn decode(&mut self) -> Result<bool, String> {
+        self.ctx.decode()
+    }
+    fn logits(&self, batch_index: usize) -> &[f32] {
+        self.ctx.logits(batch_index)
+    }
+    fn remove_seq(&mut self, seq: i32) {
+        self.ctx.remove_seq(seq)
+    }
+    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
+        self.ctx.share_prefix(src, dst, len)
+    }
+    fn truncate_seq(&mut self, seq: i32, len: usize) {
+        self.ctx.truncate_seq(seq, len)
+    }
+    fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
+        let st = self.ctx.save_seq(seq)?;
+        let n = st.byte_len();
+        Some((Box::new(st), n))
+    }
+    fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
+        match snap.downcast_ref::<llama_cpp_2::SeqState>() {
+            Some(st) => self.ctx.restore_seq(st, seq),
+            None => false,
+        }
+    }
+    fn piece(&self, token: i32) -> Vec<u8> {
+        self.model.piece(token)
+    }
+    fn is_eog(&self, token: i32) -> bool {
+        self.model.is_eog(token)
     }
 }

@@ -1,0 +1,187 @@
+//! What an engine is started with ([`EngineConfig`]: the model, the memory budget, the context,
+//! the KV layout, the queue bound, the device and its layers) and the memory plan it implies,
+//! made from the GGUF header alone before anything is loaded ([`EngineConfig::plan`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::engine::EngineError;
+use crate::gguf::{GgufHeader, ModelShape};
+use crate::plan::{available_memory, Budget, KvType, MemoryPlan, Offload, PlanRequest};
+
+/// How many requests may wait beyond the running slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLimit {
+    /// Callers that bound their own concurrency (generate, eval).
+    Unbounded,
+    Fixed(usize),
+    /// This many per sequence slot of the plan (serve's default: 2).
+    PerSlot(usize),
+}
+
+impl QueueLimit {
+    pub fn resolve(self, slots: usize) -> usize {
+        match self {
+            QueueLimit::Unbounded => usize::MAX,
+            QueueLimit::Fixed(n) => n,
+            QueueLimit::PerSlot(k) => k.saturating_mul(slots),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    pub budget: Budget,
+    pub margin: f64,
+    /// Per-sequence context in tokens.
+    pub context: u64,
+    /// Prefill chunk / tokens per llama_decode.
+    pub n_batch: u64,
+    pub max_sequences: u64,
+    pub kv_type: KvType,
+    /// Cap on KV cells regardless of budget (tests keep the cache small with it).
+    pub kv_cells_cap: Option<u64>,
+    pub threads: i32,
+    /// Requests that may wait beyond the running slots before `submit` answers QueueFull.
+    pub max_queue: QueueLimit,
+    pub use_mmap: bool,
+    /// Test-only off: admit without checking free KV cells (in a unified pool, see `plan`).
+    pub admission_control: bool,
+    /// Share the KV of common prompt prefixes between sequences.
+    pub prefix_sharing: bool,
+    /// llama.cpp's flash attention (on by default, as llama.cpp's server resolves "auto" on a
+    /// CPU). Without it the compute buffer grows with the KV cache (a full attention-score
+    /// matrix per micro-batch).
+    pub flash_attention: bool,
+    /// Memory the budget is a share of; `None` means this machine's available memory.
+    pub memory_total: Option<u64>,
+    /// One KV pool for every sequence instead of one stream per slot (see docs/engine.md).
+    pub kv_unified: bool,
+    /// Inter-token latency target: one more decoding sequence is not admitted when the measured
+    /// step time would pass it and the extra sequence would add little throughput. 0: off.
+    pub max_itl_ms: f64,
+    /// Host-memory prefix store bytes (`None`: 5% of the budget with split streams; 0: off).
+    pub prefix_store: Option<u64>,
+    /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
+    /// `None`: everything on the host.
+    pub device: Option<DeviceHandle>,
+    /// Layers to offload when there is a device (`None`: all of them).
+    pub gpu_layers: Option<GpuLayers>,
+    /// The device budget: bytes, or a share of the device's free memory (default all of it,
+    /// less the margin).
+    pub device_budget: Budget,
+}
+
+/// How many layers go to the device (`--gpu-layers N|all`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayers {
+    All,
+    Count(u64),
+}
+
+impl std::str::FromStr for GpuLayers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<GpuLayers, String> {
+        match s {
+            "all" => Ok(GpuLayers::All),
+            n => n
+                .parse()
+                .map(GpuLayers::Count)
+                .map_err(|_| format!("--gpu-layers takes a number or 'all', not '{s}'")),
+        }
+    }
+}
+
+/// A shared device, printable in a config.
+#[derive(Clone)]
+pub struct DeviceHandle(pub Arc<dyn Device>);
+
+impl std::fmt::Debug for DeviceHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.0.memory().name)
+    }
+}
+
+impl EngineConfig {
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            model: model.into(),
+            budget: Budget::Bytes(2 << 30),
+            margin: 0.10,
+            context: 2048,
+            n_batch: 512,
+            max_sequences: 64,
+            kv_type: KvType::F16,
+            kv_cells_cap: None,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(2),
+            max_queue: QueueLimit::Unbounded,
+            use_mmap: true,
+            admission_control: true,
+            prefix_sharing: true,
+            flash_attention: true,
+            memory_total: None,
+            kv_unified: false,
+            max_itl_ms: 0.0,
+            prefix_store: None,
+            device: None,
+            gpu_layers: None,
+            device_budget: Budget::Fraction(1.0),
+        }
+    }
+
+    /// Transformer layers offloaded: 0 without a device; `n_layer + 1` for all (the output layer
+    /// too, as llama.cpp counts it).
+    pub fn offloaded_layers(&self, n_layer: u64) -> u64 {
+        match (&self.device, self.gpu_layers) {
+            (None, _) => 0,
+            (Some(_), None | Some(GpuLayers::All)) => n_layer + 1,
+            (Some(_), Some(GpuLayers::Count(n))) => n.min(n_layer + 1),
+        }
+    }
+
+    /// Reads the header and makes the plan; loads nothing.
+    /// The device part of the plan's request: the device's memory now, the offloaded layers and
+    /// their weights from the tensor table.
+    fn offload(&self, header: &GgufHeader, shape: &ModelShape) -> Option<Offload> {
+        let device = self.device.as_ref()?;
+        let gpu_layers = self.offloaded_layers(shape.n_layer);
+        (gpu_layers > 0).then(|| Offload {
+            device: device.0.memory(),
+            budget: self.device_budget,
+            layers: gpu_layers.min(shape.n_layer),
+            weights_bytes: header.offloaded_bytes(shape.n_layer, gpu_layers),
+        })
+    }
+
+    pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
+        let header = GgufHeader::read(&self.model)?;
+        let shape = ModelShape::from_header(&header)?;
+        let plan = MemoryPlan::new(&PlanRequest {
+            weights_bytes: header.weights_bytes(),
+            shape,
+            kv_type: self.kv_type,
+            memory_total: self.memory_total.unwrap_or_else(available_memory),
+            budget: self.budget,
+            margin: self.margin,
+            context: self.context,
+            n_batch: self.n_batch,
+            max_sequences: self.max_sequences,
+            kv_cells_cap: self.kv_cells_cap,
+            flash_attention: self.flash_attention,
+            // without admission control only a unified pool can run out (a split stream always
+            // holds its own sequence), and that is what the switch exists to show
+            kv_unified: self.kv_unified || !self.admission_control,
+            prefix_store: if self.prefix_sharing {
+                self.prefix_store
+            } else {
+                Some(0)
+            },
+            offload: self.offload(&header, &shape),
+        });
+        Ok((header, plan))
+    }
+}

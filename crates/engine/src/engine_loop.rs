@@ -1,0 +1,124 @@
+//! The engine thread's loop: take commands from the handle's channel, step the scheduler,
+//! repeat; on shutdown abort what is queued or running.
+//!
+//! Invariant: the loop never dies silently. A panic that escapes a step (a bug: every
+//! impossible state the scheduler can detect is already a typed error failing only the request
+//! concerned) is caught here: every queued and running request gets
+//! [`GenerationError::Internal`] naming the cause, commands still in the channel are answered
+//! the same way, and the cause is returned for the handle ([`crate::Engine::failure`]), so
+//! `/health` fails and `serve` exits non-zero with the cause in its log for a supervisor to
+//! restart it. The context is not touched after a panic (its state is unknown).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::request::{Event, GenerationError, Request};
+use crate::scheduler::{Compute, Scheduler};
+
+/// What the handle sends the engine thread.
+pub(crate) enum Command {
+    Submit(Request, crate::request::EventSender),
+    /// Members admitted together (see `Scheduler::enqueue_gang`).
+    SubmitGroup(Vec<(Request, crate::request::EventSender)>),
+    Shutdown,
+}
+
+/// Runs the loop until shutdown (`Ok`) or a panic (`Err` with its message, after every request
+/// in the engine and in the channel was failed with it).
+pub(crate) fn run_guarded<C: Compute>(
+    sched: &mut Scheduler,
+    be: &mut C,
+    rx: &Receiver<Command>,
+) -> Result<(), String> {
+    let Err(panic) = catch_unwind(AssertUnwindSafe(|| run_loop(sched, be, rx))) else {
+        return Ok(());
+    };
+    let cause = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    let cause = format!("the engine thread panicked: {cause}");
+    tracing::error!("{cause}; failing every request in the engine");
+    sched.fail_all(&cause);
+    let error = || Event::Error(GenerationError::Internal(cause.clone()));
+    while let Ok(cmd) = rx.try_recv() {
+        match cmd {
+            Command::Submit(_, tx) => {
+                sched.forget_inflight(1);
+                let _ = tx.send(error());
+            }
+            Command::SubmitGroup(members) => {
+                sched.forget_inflight(members.len());
+                for (_, tx) in members {
+                    let _ = tx.send(error());
+                }
+            }
+            Command::Shutdown => {}
+        }
+    }
+    Err(cause)
+}
+
+fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: &Receiver<Command>) {
+    let handle = |sched: &mut Scheduler, cmd: Command| -> bool {
+        match cmd {
+            Command::Submit(req, tx) => {
+                sched.enqueue(req, tx);
+                true
+            }
+            Command::SubmitGroup(members) => {
+                sched.enqueue_gang(members);
+                true
+            }
+            Command::Shutdown => false,
+        }
+    };
+    loop {
+        if sched.is_idle() {
+            match rx.recv() {
+                Ok(cmd) => {
+                    if !handle(sched, cmd) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let mut stop = false;
+        while let Ok(cmd) = rx.try_recv() {
+            if !handle(sched, cmd) {
+                stop = true;
+                break;
+            }
+        }
+        if stop {
+            break;
+        }
+        if !sched.step(be) && !sched.is_idle() {
+            // nothing runnable yet (e.g. waiting on a shared prefix): wait briefly for input
+            match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok(cmd) => {
+                    if !handle(sched, cmd) {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+    sched.abort_all(be);
+}
+
+/// A request the loop was handed, for tests.
+#[cfg(test)]
+pub(crate) fn submit(req: Request) -> (Command, crate::request::EventReceiver) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (Command::Submit(req, tx), rx)
+}
+
+#[cfg(test)]
+mod tests;
