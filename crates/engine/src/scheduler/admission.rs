@@ -22,7 +22,7 @@ use super::kv::common_prefix;
 use super::seq::{Active, Seq};
 use super::stats::EngineStats;
 use super::{Compute, Scheduler};
-use crate::request::Event;
+use crate::request::{Event, EventSender, Request};
 use std::sync::atomic::Ordering;
 
 /// Where a prompt's prefix can come from.
@@ -38,6 +38,23 @@ pub(super) enum Source {
 }
 
 impl Scheduler {
+    /// Queues requests that are admitted together or not at all (see `admission.rs`). A group
+    /// larger than the slots can never run at once: its members queue as plain requests (they
+    /// were accepted whole, so every one runs, in order, as slots free).
+    pub fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender)>) {
+        let together = reqs.len() > 1 && reqs.len() <= self.cfg.seq_slots;
+        let gang = together.then(|| {
+            self.gangs += 1;
+            self.gangs
+        });
+        for (req, tx) in reqs {
+            self.enqueue(req, tx);
+            if let Some(s) = self.waiting.last_mut() {
+                s.gang = gang;
+            }
+        }
+    }
+
     /// Index in `waiting` of the next request to admit: priority first, then a random pick among
     /// the eligible ones that arrived within `fair_window` of the oldest eligible one.
     fn next_candidate(&mut self, deferred: &HashSet<u64>) -> Option<usize> {

@@ -16,6 +16,7 @@
 //! instead of computing it again (SGLang's in-batch rule), so concurrent requests of one variant
 //! compute its system prompt once.
 
+mod abort;
 mod admission;
 mod batch;
 mod itl;
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::request::{Event, EventSender, GenerationError, Request};
+use crate::request::{EventSender, GenerationError, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
@@ -246,23 +247,6 @@ impl Scheduler {
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);
         self.waiting.push(seq);
         self.publish();
-    }
-
-    /// Queues requests that are admitted together or not at all (see `admission.rs`). A group
-    /// larger than the slots can never run at once: its members queue as plain requests (they
-    /// were accepted whole, so every one runs, in order, as slots free).
-    pub fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender)>) {
-        let together = reqs.len() > 1 && reqs.len() <= self.cfg.seq_slots;
-        let gang = together.then(|| {
-            self.gangs += 1;
-            self.gangs
-        });
-        for (req, tx) in reqs {
-            self.enqueue(req, tx);
-            if let Some(s) = self.waiting.last_mut() {
-                s.gang = gang;
-            }
-        }
     }
 
     /// Cells held plus cells still to fill by running sequences (the unified-cache bound).
@@ -589,53 +573,6 @@ impl Scheduler {
         );
         self.waiting.push(s);
     }
-
-    /// Drops everything (engine shutdown): waiting and running get an error event.
-    pub fn abort_all<C: Compute>(&mut self, be: &mut C) {
-        for s in std::mem::take(&mut self.waiting) {
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
-        }
-        while let Some(a) = self.running.pop() {
-            let s = self.release(be, a);
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
-        }
-        while self.evict_lru(be, None) {}
-        self.publish();
-    }
-
-    /// After a panic escaped a step: every waiting and running request gets `cause` as an
-    /// internal error; the context is not touched (its state is unknown).
-    pub fn fail_all(&mut self, cause: &str) {
-        let waiting = std::mem::take(&mut self.waiting);
-        let running = std::mem::take(&mut self.running);
-        let txs = waiting
-            .iter()
-            .map(|s| &s.tx)
-            .chain(running.iter().map(|a| &a.seq.tx));
-        for tx in txs {
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = tx.send(Event::Error(GenerationError::Internal(cause.into())));
-        }
-        self.stats.faults.fetch_add(1, Ordering::Relaxed);
-        self.publish();
-    }
-
-    /// Requests the handle counted in flight that never reached the scheduler.
-    pub fn forget_inflight(&self, n: usize) {
-        self.stats.inflight.fetch_sub(n as u64, Ordering::Relaxed);
-    }
-
-    /// A request that hit a state the scheduler must never reach fails alone, with the state
-    /// named; the fault is counted (`abserve_engine_faults_total`) and logged.
-    fn fault(&mut self, s: Seq, state: String) {
-        tracing::error!("engine fault, request failed: {state}");
-        self.stats.faults.fetch_add(1, Ordering::Relaxed);
-        self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-        let _ = s.tx.send(Event::Error(GenerationError::Internal(state)));
-    }
-
     /// Running sequences per group and the cells they hold (the quota tests read it).
     #[cfg(test)]
     pub fn cells_by_group(&self) -> std::collections::HashMap<Option<String>, usize> {
