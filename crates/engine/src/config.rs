@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::engine::EngineError;
-use crate::gguf::{GgufHeader, ModelShape};
-use crate::plan::{available_memory, Budget, KvType, MemoryPlan, Offload, PlanRequest};
+use crate::gguf::{GgufError, GgufHeader, ModelShape};
+use crate::plan::{available_memory, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
 
 /// How many requests may wait beyond the running slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,4 +183,21 @@ impl EngineConfig {
         });
         Ok((header, plan))
     }
+}
+
+/// Why an engine did not start: its model, its plan, its device or llama.cpp, with the numbers.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("--gpu-layers needs a GPU device, and this build has none (build with --features cuda or vulkan; `abserve devices` lists what it has)")]
+    NoDevice,
+    #[error(transparent)]
+    DoesNotFit(#[from] DoesNotFit),
+    #[error(transparent)]
+    Llama(#[from] crate::llama::LlamaError),
+    #[error("engine thread failed to start: {0}")]
+    Thread(String),
+    #[error("--context {context} is longer than the model's training context of {train} tokens")]
+    ContextTooLong { context: u64, train: u64 },
 }

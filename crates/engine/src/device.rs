@@ -6,26 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::Serialize;
-
-/// One device's memory, read now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeviceMemory {
-    /// ggml's name, e.g. `CUDA0`, `Vulkan0`.
-    pub name: String,
-    /// What it is, e.g. `NVIDIA H200` or `llvmpipe (LLVM 15.0.6, 256 bits)`.
-    pub description: String,
-    /// The ggml backend: `CUDA`, `Vulkan`, `Metal`, `CPU`.
-    pub backend: String,
-    pub total_bytes: u64,
-    pub free_bytes: u64,
-}
-
-impl DeviceMemory {
-    pub fn used_bytes(&self) -> u64 {
-        self.total_bytes.saturating_sub(self.free_bytes)
-    }
-}
+pub use crate::plan::DeviceMemory;
 
 /// A device whose memory can be read at any time (for the plan before loading, for `/ready` and
 /// `/metrics` while serving).

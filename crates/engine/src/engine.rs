@@ -14,12 +14,11 @@ use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
-use crate::config::{DeviceHandle, EngineConfig, GpuLayers};
+use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
 use crate::engine_loop::{run_guarded, Command};
-use crate::gguf::GgufError;
 use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
-use crate::plan::{current_rss, human_bytes, DoesNotFit, MemoryPlan};
+use crate::plan::{current_rss, human_bytes, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
@@ -52,22 +51,6 @@ fn log_measured(plan: &MemoryPlan, m: &MeasuredMemory) {
             );
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
-    #[error("--gpu-layers needs a GPU device, and this build has none (build with --features cuda or vulkan; `abserve devices` lists what it has)")]
-    NoDevice,
-    #[error(transparent)]
-    DoesNotFit(#[from] DoesNotFit),
-    #[error(transparent)]
-    Llama(#[from] crate::llama::LlamaError),
-    #[error("engine thread failed to start: {0}")]
-    Thread(String),
-    #[error("--context {context} is longer than the model's training context of {train} tokens")]
-    ContextTooLong { context: u64, train: u64 },
 }
 
 /// What was really allocated, next to what was planned.

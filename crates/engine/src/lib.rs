@@ -31,9 +31,9 @@ pub mod plan;
 
 pub use chat::{ChatMessage, ChatTemplateError};
 pub use collect::{collect, collect_blocking, Collector, Output};
-pub use config::{DeviceHandle, EngineConfig, GpuLayers, QueueLimit};
+pub use config::{DeviceHandle, EngineConfig, EngineError, GpuLayers, QueueLimit};
+pub use engine::Engine;
 pub use engine::MeasuredMemory;
-pub use engine::{Engine, EngineError};
 pub use llama::Model;
 pub use request::{
     Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError,

@@ -14,7 +14,7 @@ use crate::gguf::ModelShape;
 mod split;
 
 use split::Split;
-pub use split::{DevicePlan, Offload};
+pub use split::{DeviceMemory, DevicePlan, Offload};
 
 /// Granularity llama.cpp pads the context (KV cells) to.
 pub const KV_PAD: u64 = 256;

@@ -6,12 +6,31 @@ use serde::Serialize;
 
 use super::{compute_estimate, Budget, PlanRequest};
 
+/// One device's memory, read now (by `crate::device`; the plan needs only these numbers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceMemory {
+    /// ggml's name, e.g. `CUDA0`, `Vulkan0`.
+    pub name: String,
+    /// What it is, e.g. `NVIDIA H200` or `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub description: String,
+    /// The ggml backend: `CUDA`, `Vulkan`, `Metal`, `CPU`.
+    pub backend: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl DeviceMemory {
+    pub fn used_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.free_bytes)
+    }
+}
+
 /// What goes to a device: the last `layers` transformer layers (llama.cpp's `n_gpu_layers`),
 /// their weights, their KV cells and the compute buffers.
 #[derive(Debug, Clone)]
 pub struct Offload {
     /// The device as it was when the plan was made (free memory sizes a fractional budget).
-    pub device: crate::device::DeviceMemory,
+    pub device: DeviceMemory,
     /// Bytes or a share of the device's free memory (`--device-memory`).
     pub budget: Budget,
     /// Transformer layers offloaded (at most the model's).
