@@ -89,7 +89,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         };
         let described = match &source {
             Source::Target(t) => t.describe(),
-            Source::Queue(q) => format!("workers of queue '{}' at {}", q.queue, abserve_eval::queue::without_password(&q.amqp)),
+            Source::Queue(q) => format!("workers of queue '{}' at {}", q.queue, abserve_queue::topology::without_password(&q.amqp)),
         };
         let in_process = matches!(&source, Source::Target(t) if matches!(**t, Target::Engine(_)));
         let judge_target = match cfg.judge().map(|s| &s.kind) {

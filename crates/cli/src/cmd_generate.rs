@@ -78,7 +78,7 @@ fn options(a: &GenerateArgs, logprobs: Option<u32>, ignore_eos: Option<bool>) ->
 }
 
 /// Every prompt, prepared as the server prepares a request (`abserve_engine::prepare`).
-fn load_jobs(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepared>> {
+fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepared>> {
     let base = base_sampling(a);
     let mut jobs = Vec::new();
     for (i, p) in a.prompts.iter().enumerate() {
@@ -178,7 +178,7 @@ fn print_output(
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let cfg = a.model.engine_config()?;
     let engine = Engine::start(cfg)?;
-    let jobs = load_jobs(&a, &engine)?;
+    let jobs = load_prompts(&a, &engine)?;
     // validate everything before any work starts
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {

@@ -1,11 +1,10 @@
 //! `abserve serve`: the OpenAI-compatible HTTP server over one shared engine.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_engine::{Engine, QueueLimit};
-use abserve_server::{AbState, AppState, Metrics, ServerConfig};
+use abserve_engine::QueueLimit;
+use abserve_server::{AbState, AppState, ServerConfig};
 use clap::Args;
 
 use crate::args::ModelArgs;
@@ -108,20 +107,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         a.keep_stored_experiments,
         poll,
     ))?;
-    let step_hist = Metrics::engine_step_histogram()?;
-    let obs_hist = step_hist.clone();
-    let engine = Engine::start_with_observer(
-        cfg,
-        Some(Arc::new(move |d: Duration| {
-            obs_hist.observe(d.as_secs_f64())
-        })),
-    )?;
-    let metrics = Metrics::new(
-        engine.plan(),
-        engine.stats_handle(),
-        step_hist,
-        engine.device(),
-    )?;
+    let (engine, metrics) = abserve_server::start_engine(cfg)?;
     let context = engine.plan().context as usize;
     ab.check(context as u64)?;
     let config = ServerConfig {

@@ -10,12 +10,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use abserve_engine::Engine;
-use abserve_eval::worker::{self, Tally};
-use abserve_eval::Target;
 use abserve_protocol::names;
+use abserve_queue::worker::{self, Tally};
 use abserve_server::{AppState, Metrics, ServerConfig};
 use clap::Args;
 use prometheus::{Counter, IntCounterVec, IntGauge, Opts};
@@ -63,14 +60,8 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         .model
         .file_stem()
         .map_or_else(|| "default".into(), |s| s.to_string_lossy().into_owned());
-    let step_hist = Metrics::engine_step_histogram()?;
-    let observer = step_hist.clone();
-    let engine = Arc::new(Engine::start_with_observer(
-        cfg,
-        Some(Arc::new(move |d: Duration| {
-            observer.observe(d.as_secs_f64())
-        })),
-    )?);
+    let (engine, metrics) = abserve_server::start_engine(cfg)?;
+    let engine = Arc::new(engine);
     let plan = engine.plan().clone();
     eprintln!(
         "worker: model loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
@@ -79,14 +70,9 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let tally = Arc::new(Tally::default());
     let ops = match listener {
         Some(listener) => {
-            let metrics = Metrics::new(
-                engine.plan(),
-                engine.stats_handle(),
-                step_hist,
-                engine.device(),
-            )?;
             export_tally(&metrics, tally.clone())?;
-            let state = AppState::new(engine.clone(), metrics, ops_config(model_id), None);
+            let config = ServerConfig::operations(model_id);
+            let state = AppState::new(engine.clone(), metrics, config, None);
             eprintln!(
                 "worker: /health, /ready and /metrics on http://{}",
                 listener.local_addr()?
@@ -99,7 +85,6 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let target = Arc::new(Target::Engine(engine));
     let opts = worker::Options {
         amqp: a.amqp.clone(),
         queue: a.queue.clone(),
@@ -115,7 +100,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     let worked = rt.block_on(worker::work(
-        target,
+        engine,
         plan.seq_slots.min(u16::MAX as u64) as u16,
         opts,
         tally.clone(),
@@ -134,21 +119,6 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         n(&tally.dead_lettered)
     );
     Ok(())
-}
-
-/// The server's settings that the operations routes read (no API is served: no queue, no body).
-fn ops_config(model_id: String) -> ServerConfig {
-    ServerConfig {
-        model_id,
-        queue_timeout: Duration::from_secs(30),
-        api_key: None,
-        body_limit: 0,
-        max_prompt_tokens: 0,
-        ready_cache: Duration::from_secs(2),
-        drain_timeout: Duration::from_secs(1),
-        header_read_timeout: Duration::from_secs(10),
-        cors_origins: vec![],
-    }
 }
 
 /// The worker's job counts as series of the process's registry, copied from the tally at every

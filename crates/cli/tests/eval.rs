@@ -10,18 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{exclusive, model, Server};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("abserve-eval-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use support::{exclusive, jsonl, model, root, tmp, Server};
 
 fn model_flags() -> Vec<String> {
     [
@@ -45,14 +34,6 @@ fn eval(args: &[String]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn lines(p: &Path) -> Vec<Value> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The first `n` rows of the example dataset.
@@ -89,7 +70,7 @@ type = "contains"
 
 /// Every row × variant answered once, with scores, and the report files written.
 fn assert_complete(out: &Path, rows: usize, variants: &[&str]) -> Value {
-    let rs = lines(&out.join("results.jsonl"));
+    let rs = jsonl(&out.join("results.jsonl"));
     let mut seen = BTreeMap::new();
     for r in &rs {
         assert!(r["error"].is_null(), "row failed: {r}");
@@ -152,7 +133,7 @@ fn example_experiment_in_process_and_against_a_server() {
     assert_eq!(s["concurrency_source"], "memory plan");
     assert!(s["peak_memory_bytes"].as_u64().unwrap() > 50_000_000);
     // the judge compared each of the 3 other variants with control on every row
-    let judged = lines(&out.join("judgments.jsonl"));
+    let judged = jsonl(&out.join("judgments.jsonl"));
     assert_eq!(judged.len(), 18);
     assert!(
         judged.iter().all(|j| j["verdict"].is_string()),
@@ -200,7 +181,7 @@ fn example_experiment_in_process_and_against_a_server() {
         s["concurrency_source"]
     );
     assert!(s["target"].as_str().unwrap().contains("model 'smol'"));
-    assert_eq!(lines(&out.join("judgments.jsonl")).len(), 18);
+    assert_eq!(jsonl(&out.join("judgments.jsonl")).len(), 18);
 }
 
 /// Opens the report in headless Chromium and checks the rendered page: its charts, every input
@@ -426,7 +407,7 @@ fn answers_429_are_retried_until_every_row_is_done() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_complete(&out, 4, &["a", "b"]);
-    let retried = lines(&out.join("results.jsonl"))
+    let retried = jsonl(&out.join("results.jsonl"))
         .iter()
         .filter(|r| r["attempts"].as_u64().unwrap() > 1)
         .count();

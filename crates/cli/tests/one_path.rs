@@ -10,16 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
-use support::{client, exclusive, model, Server, MODEL_ID};
+use support::{client, exclusive, jsonl, model, root, tmp, Server, MODEL_ID};
 
 const SYSTEM: &str = "You answer in one word.";
 const QUESTION: &str = "Which colour is the sky?";
 /// SmolLM2's BOS (`<|im_start|>`, which its ChatML template also writes first).
 const BOS: i64 = 1;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The default model with `tokenizer.ggml.add_bos_token = true`.
 fn bos_model() -> PathBuf {
@@ -37,13 +33,6 @@ fn bos_model() -> PathBuf {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     out
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("abserve-one-path-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn ids(v: &Value) -> Vec<i64> {
@@ -117,10 +106,9 @@ fn eval(target: &[String]) -> Vec<u64> {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
-    rows.lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
+    jsonl(&out.join("results.jsonl"))
+        .iter()
+        .map(|v| {
             assert!(v["error"].is_null(), "{v}");
             v["prompt_tokens"].as_u64().unwrap()
         })

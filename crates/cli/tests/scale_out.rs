@@ -18,18 +18,11 @@ use futures::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
-use support::{client, exclusive, model, status, Server};
+use support::{client, exclusive, jsonl, model, status, tmp, Server};
 
 fn amqp_url() -> String {
     std::env::var("ABSERVE_TEST_AMQP")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("abserve-scale-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,11 +309,7 @@ fn start_eval(dir: &Path, queue: &str, rows: &Path) -> Child {
 }
 
 fn results(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("out/results.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    jsonl(&dir.join("out/results.jsonl"))
 }
 
 async fn wait_eval(child: Child, within: Duration) -> (i32, String) {

@@ -2,34 +2,8 @@
 
 mod support;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{client, metric, status, Server, MODEL_ID};
-
-async fn post(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
-    let r = c.post(url).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// Reads an SSE response into its `data:` payloads.
-async fn sse(r: reqwest::Response) -> Vec<String> {
-    let mut out = vec![];
-    let mut buf = String::new();
-    let mut s = r.bytes_stream();
-    while let Some(chunk) = s.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        while let Some(i) = buf.find("\n\n") {
-            let ev: String = buf.drain(..i + 2).collect();
-            for line in ev.lines() {
-                if let Some(d) = line.strip_prefix("data: ") {
-                    out.push(d.to_string());
-                }
-            }
-        }
-    }
-    out
-}
+use support::{client, metric, post_json, sse, status, Server, MODEL_ID};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_completions_models_streaming_seed_stop_and_n() {
@@ -45,8 +19,7 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
         .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL_ID);
 
-    let (st, v) = post(
-        &c,
+    let (st, v) = post_json(&c,
         &s.url("/v1/chat/completions"),
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16, "temperature": 0}),
     )
@@ -70,18 +43,19 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
 
     // the same seed gives the same text twice
     let seeded = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 1.0, "seed": 42});
-    let a = post(&c, &s.url("/v1/chat/completions"), seeded.clone())
+    let a = post_json(&c, &s.url("/v1/chat/completions"), seeded.clone())
         .await
         .1;
-    let b = post(&c, &s.url("/v1/chat/completions"), seeded).await.1;
+    let b = post_json(&c, &s.url("/v1/chat/completions"), seeded)
+        .await
+        .1;
     assert_eq!(
         a["choices"][0]["message"]["content"],
         b["choices"][0]["message"]["content"]
     );
 
     // stop string: the text ends before it
-    let (_, v) = post(
-        &c,
+    let (_, v) = post_json(&c,
         &s.url("/v1/completions"),
         json!({"model": MODEL_ID, "prompt": "The capital of France is", "max_tokens": 30, "temperature": 0, "stop": ["."]}),
     )
@@ -91,8 +65,7 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
     assert_eq!(v["choices"][0]["text"], " Paris");
 
     // n = 3 choices, indexed
-    let (_, v) = post(
-        &c,
+    let (_, v) = post_json(&c,
         &s.url("/v1/chat/completions"),
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 3}),
     )
@@ -140,8 +113,7 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
-    let (_, whole) = post(
-        &c,
+    let (_, whole) = post_json(&c,
         &s.url("/v1/chat/completions"),
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12, "temperature": 0}),
     )
@@ -152,8 +124,7 @@ async fn chat_completions_models_streaming_seed_stop_and_n() {
     );
 
     // logprobs
-    let (_, v) = post(
-        &c,
+    let (_, v) = post_json(&c,
         &s.url("/v1/chat/completions"),
         json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 2}),
     )
@@ -229,7 +200,7 @@ async fn ready_runs_a_probe_and_reports_the_plan() {
 async fn metrics_pass_promtool() {
     let s = Server::start(&[]);
     let c = client();
-    post(
+    post_json(
         &c,
         &s.url("/v1/completions"),
         json!({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}),

@@ -11,8 +11,11 @@
 //!   docs/engine.md), with [`EngineStats`] as the only shared state;
 //! - [`prepare`]: the one preparation stage every caller goes through (messages or a prompt →
 //!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
+//! - [`call`]: an eval call (messages and sampling) run to the end on this engine, as eval in
+//!   process and `abserve worker` run them;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
+pub mod call;
 mod chat;
 mod collect;
 mod config;

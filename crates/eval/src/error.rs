@@ -74,3 +74,9 @@ pub enum ScoreError {
     #[error("the judge scores pairs, not single answers")]
     Pair,
 }
+
+impl From<abserve_queue::QueueError> for EvalError {
+    fn from(e: abserve_queue::QueueError) -> Self {
+        EvalError::Queue(e.0)
+    }
+}

@@ -9,9 +9,10 @@
 //! `scorers` and `judge` grade the answers; `analysis` computes the paired statistics;
 //! `report_md` and `report_html` write the reports.
 //!
-//! Scale-out: with `--amqp`, `queued` publishes the rows × variants as jobs on RabbitMQ
-//! (`queue`: the messages and the topology) and `worker` answers them on other processes or
-//! machines; results come back to the same log, scorers and reports.
+//! Scale-out: with `--amqp`, `queued` publishes the rows × variants as jobs on RabbitMQ (the
+//! messages are `abserve_protocol::jobs`, the topology `abserve_queue::topology`) and `abserve
+//! worker` (`abserve_queue::worker`) answers them on other processes or machines; results come
+//! back to the same log, scorers and reports.
 
 mod analysis;
 mod config;
@@ -19,15 +20,14 @@ mod dataset;
 mod error;
 mod judge;
 mod progress;
-pub mod queue;
 mod queued;
 mod report_html;
 mod report_md;
 mod results;
+mod row_call;
 mod runner;
 mod scorers;
 mod target;
-pub mod worker;
 
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
 pub use config::{EvalConfig, ScorerKind};

@@ -22,10 +22,11 @@ use rand::Rng;
 use crate::config::EvalConfig;
 use crate::dataset::Row;
 use crate::error::EvalError;
-use crate::queue::{self, amqp, Job, JobResult, Queues};
 use crate::results::ResultRow;
-use crate::runner::{blank, call_for, record};
+use crate::row_call::{blank, call_for, record};
 use crate::target::Capacity;
+use abserve_protocol::jobs::{Job, JobResult};
+use abserve_queue::topology::{self as queue, amqp, Queues};
 
 /// A run's results queue is deleted by the broker after this long without a consumer.
 const RESULTS_EXPIRE_MS: i32 = 24 * 3600 * 1000;

@@ -3,63 +3,16 @@
 //! [`Generation`] with time to first token measured by streaming.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use abserve_engine::prepare::{sampling_params, Input, Options};
-use abserve_engine::ChatMessage;
-use abserve_engine::{Engine, SubmitError};
+use abserve_engine::prepare::sampling_params;
+use abserve_engine::Engine;
+pub use abserve_protocol::calls::{Call, CallError, Generation, DEFAULT_MAX_TOKENS};
 use abserve_protocol::wire::{ChatRequest, Common, Message};
-use abserve_protocol::Sampling;
 use abserve_protocol::{names, ClientError};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::EvalError;
-
-/// One chat request of a variant for a row: the same messages and [`Sampling`] whether it runs
-/// in process (through `abserve_engine::prepare`), on a worker, or over HTTP (where the server
-/// prepares it the same way).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Call {
-    pub messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    pub sampling: Sampling,
-}
-
-/// What eval asks of every call besides its sampling settings: prompt reuse on (a variant's
-/// system prompt is computed once per run, not once per row; see docs/engine.md for what a seed
-/// then guarantees), and no default length (a call always carries `max_tokens`).
-fn call_options() -> Options {
-    Options {
-        cache_prompt: Some(true),
-        ..Options::new(DEFAULT_MAX_TOKENS)
-    }
-}
-
-/// `max_tokens` of a call whose variant sets none.
-pub const DEFAULT_MAX_TOKENS: u32 = 256;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Generation {
-    pub text: String,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub ttft: Duration,
-    pub latency: Duration,
-    pub finish_reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CallError {
-    /// 429 or a full engine queue: try again after the hint.
-    #[error("still overloaded (429)")]
-    Overloaded { retry_after: Option<Duration> },
-    /// Connection errors and 5xx: worth a few retries.
-    #[error("{0}")]
-    Transient(String),
-    /// Everything else (4xx, bad responses): recorded, not retried.
-    #[error("{0}")]
-    Failed(String),
-}
 
 pub struct Http {
     api: abserve_protocol::Client,
@@ -98,7 +51,7 @@ impl Http {
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
         // what eval computes itself is checked the same way as in process: a call the engine
         // would refuse is not sent
-        sampling_params(&call.sampling, &call_options())
+        sampling_params(&call.sampling, &abserve_engine::call::options())
             .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
         let body = ChatRequest {
             common: Common {
@@ -145,7 +98,7 @@ impl Target {
     pub async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
         match self {
             Target::Http(h) => h.chat(call).await,
-            Target::Engine(e) => engine_chat(e, call).await,
+            Target::Engine(e) => abserve_engine::call::chat(e, call).await,
         }
     }
 
@@ -197,28 +150,4 @@ impl Target {
             Target::Http(h) => format!("{} (model '{}')", h.api.base(), h.model),
         }
     }
-}
-
-async fn engine_chat(engine: &Engine, call: &Call) -> Result<Generation, CallError> {
-    let prepared = engine
-        .prepare(Input::Chat(&call.messages), &call.sampling, &call_options())
-        .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
-    let started = Instant::now();
-    let rx = match engine.submit(prepared.request()) {
-        Ok(rx) => rx,
-        Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
-        Err(e) => return Err(CallError::Failed(e.to_string())),
-    };
-    let o = abserve_engine::collect(rx)
-        .await
-        .map_err(|e| CallError::Failed(e.to_string()))?;
-    let latency = started.elapsed();
-    Ok(Generation {
-        text: o.text,
-        prompt_tokens: o.completion.prompt_tokens as u64,
-        completion_tokens: o.completion.completion_tokens as u64,
-        ttft: o.first_token_after.unwrap_or(latency),
-        latency,
-        finish_reason: o.completion.finish_reason.as_str().into(),
-    })
 }

@@ -10,7 +10,22 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::Stop;
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
+}
 
 /// One chat message after validation: a role and its text (content parts joined).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,6 +7,8 @@
 //! - [`prometheus`]: one parser of the Prometheus text format;
 //! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read;
 //! - [`abserve`]: abserve's own bodies (`/ready`, fan-out);
+//! - [`calls`], [`jobs`]: an eval call and its answer, and the job-queue messages that carry them
+//!   between `abserve eval --amqp` and `abserve worker`;
 //! - [`ChatMessage`], [`Sampling`]: the inputs of a generation that requests, variants, eval
 //!   calls and the engine's preparation stage share.
 //!
@@ -18,6 +20,8 @@ mod prometheus;
 mod sse;
 
 pub mod abserve;
+pub mod calls;
+pub mod jobs;
 pub mod names;
 pub mod wire;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use abserve_engine::prepare::{
     chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, prepare,
-    Input, Limits, Options, PromptInput,
+    Input, Options, PromptInput,
 };
 use abserve_engine::Request;
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
@@ -18,9 +18,9 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::experiments::route;
-use crate::job::{Kind, Routed, ValidRequest};
 use crate::respond::{collect_response, now_secs, stream_response};
 use crate::state::{AppState, GroupOf};
+use crate::valid::{Kind, Routed, ValidRequest};
 use crate::validate::parse_body;
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
@@ -87,15 +87,11 @@ fn request_sampling(c: &Common, default_max: u32, logprobs: Option<u32>) -> (Sam
     (sampling, options)
 }
 
-/// The context a request of this server must fit.
-pub(crate) fn limits(state: &AppState) -> Limits {
-    Limits {
-        context: state.engine.plan().context as usize,
-        max_prompt_tokens: state.config.max_prompt_tokens,
-    }
-}
-
-fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidRequest, ApiError> {
+fn chat_request(
+    state: &AppState,
+    body: &[u8],
+    headers: &HeaderMap,
+) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_body(body)?;
     let mut messages = chat_messages(&req)?;
     let n = n_choices(req.common.n)?;
@@ -115,7 +111,7 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidR
         Input::Chat(&messages),
         &sampling,
         &options,
-        limits(state),
+        state.limits(),
     )?;
     Ok(ValidRequest {
         seqs: vec![p; n],
@@ -128,7 +124,7 @@ fn chat_job(state: &AppState, body: &[u8], headers: &HeaderMap) -> Result<ValidR
     })
 }
 
-fn completion_job(
+fn completion_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
@@ -157,7 +153,13 @@ fn completion_job(
     };
     let mut seqs = Vec::with_capacity(prompts.len() * n);
     for p in &prompts {
-        let p = prepare(&*state.engine, p.into(), &sampling, &options, limits(state))?;
+        let p = prepare(
+            &*state.engine,
+            p.into(),
+            &sampling,
+            &options,
+            state.limits(),
+        )?;
         seqs.extend(std::iter::repeat_n(p, n));
     }
     Ok(ValidRequest {
@@ -176,8 +178,11 @@ fn completion_job(
     (status = 200, description = "the answer; with `stream: true`, server-sent `chat.completion.chunk` events ending with `[DONE]`", content((abserve_protocol::wire::Response = "application/json"), (abserve_protocol::abserve::SseEvent = "text/event-stream")))
 ))]
 pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let r = match state.prepare(move |st| chat_job(st, &body, &headers)).await {
-        Ok(job) => run(state.clone(), job).await,
+    let r = match state
+        .prepare(move |st| chat_request(st, &body, &headers))
+        .await
+    {
+        Ok(req) => run(state.clone(), req).await,
         Err(e) => Err(e),
     };
     r.unwrap_or_else(|e| e.into_response())
@@ -193,10 +198,10 @@ pub async fn completions(
     body: Bytes,
 ) -> Response {
     let r = match state
-        .prepare(move |st| completion_job(st, &body, &headers))
+        .prepare(move |st| completion_request(st, &body, &headers))
         .await
     {
-        Ok(job) => run(state.clone(), job).await,
+        Ok(req) => run(state.clone(), req).await,
         Err(e) => Err(e),
     };
     r.unwrap_or_else(|e| e.into_response())
@@ -218,38 +223,38 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// Admits every sequence of the job as one group (all or none: see [`AppState::admit_group`]),
+/// Admits every sequence of the request as one group (all or none: see [`AppState::admit_group`]),
 /// then answers.
-async fn run(state: Arc<AppState>, job: ValidRequest) -> Result<Response, ApiError> {
-    let reqs = job
+async fn run(state: Arc<AppState>, req: ValidRequest) -> Result<Response, ApiError> {
+    let seqs = req
         .seqs
         .iter()
         .map(|p| Request {
             prompt: p.prompt.clone(),
             params: p.params.clone(),
-            group: job.routed.as_ref().map(|r| r.experiment.clone()),
+            group: req.routed.as_ref().map(|r| r.experiment.clone()),
             priority: false,
-            kv_share: job.routed.as_ref().and_then(|r| r.kv_share),
+            kv_share: req.routed.as_ref().and_then(|r| r.kv_share),
         })
         .collect();
-    let what = match job.kind {
+    let what = match req.kind {
         Kind::Chat => GroupOf::Choices,
         Kind::Text => GroupOf::Completions,
     };
     let rxs = state
-        .admit_group(reqs, what)
+        .admit_group(seqs, what)
         .await?
         .into_iter()
         .map(|a| a.rx)
         .collect();
-    let routed = job
+    let routed = req
         .routed
         .as_ref()
         .map(|r| (r.experiment.clone(), r.variant.clone()));
-    let mut resp = if job.stream {
-        stream_response(state, job, rxs).into_response()
+    let mut resp = if req.stream {
+        stream_response(state, req, rxs).into_response()
     } else {
-        collect_response(state, job, rxs).await?
+        collect_response(state, req, rxs).await?
     };
     if let Some((e, v)) = routed {
         let h = resp.headers_mut();

@@ -21,10 +21,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::abstate::AbState;
-use crate::api::limits;
 use crate::error::ApiError;
-use crate::job::Routed;
 use crate::state::{AppState, GroupOf};
+use crate::valid::Routed;
 
 fn ab(state: &AppState) -> Result<&AbState, ApiError> {
     state
@@ -343,7 +342,7 @@ pub async fn fanout(
                     Input::Chat(&msgs),
                     &sampling,
                     &Options::new(256),
-                    limits(st),
+                    st.limits(),
                 )?;
                 jobs.push(Request {
                     prompt: p.prompt,

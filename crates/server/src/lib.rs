@@ -14,13 +14,14 @@ mod engine_api;
 mod error;
 mod experiments;
 mod health;
-mod job;
 mod metrics;
 mod openapi;
 mod respond;
 mod routes;
 mod serve;
+mod start;
 mod state;
+mod valid;
 mod validate;
 
 #[cfg(test)]
@@ -32,4 +33,5 @@ pub use error::ApiError;
 pub use metrics::Metrics;
 pub use routes::{ops_router, router};
 pub use serve::{serve, serve_ops};
+pub use start::start_engine;
 pub use state::{AppState, ServerConfig};

@@ -22,8 +22,8 @@ use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::job::{expose, Kind, Routed, ValidRequest};
 use crate::state::AppState;
+use crate::valid::{expose, Kind, Routed, ValidRequest};
 
 impl Kind {
     fn id(self) -> String {
@@ -129,7 +129,7 @@ fn prompt_tokens_once(seqs: &[Prepared]) -> usize {
 /// Waits for every choice, records the exposure, then answers with one JSON body.
 pub(crate) async fn collect_response(
     state: Arc<AppState>,
-    job: ValidRequest,
+    req: ValidRequest,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> Result<Response, ApiError> {
     let results = futures::future::join_all(rxs.into_iter().map(abserve_engine::collect)).await;
@@ -139,7 +139,7 @@ pub(crate) async fn collect_response(
     // an exposure the store cannot write does not cost the client its answer: the answer says
     // it is not in the experiment's results (and the log and /metrics say why)
     let mut recorded = true;
-    if let Some(r) = &job.routed {
+    if let Some(r) = &req.routed {
         let first = results
             .first()
             .and_then(|x| x.as_ref().ok())
@@ -150,7 +150,7 @@ pub(crate) async fn collect_response(
             .map(|e| e.to_string());
         recorded = expose(&state, r, first, err).await.is_ok();
     }
-    let want_lp = job.logprobs();
+    let want_lp = req.logprobs();
     let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
     for (i, r) in results.into_iter().enumerate() {
         let c = r.map_err(ApiError::generation)?;
@@ -160,12 +160,12 @@ pub(crate) async fn collect_response(
         completion_tokens += d.completion_tokens;
         let mut choice = Choice {
             index: i as u32,
-            logprobs: want_lp.then(|| logprobs(&state, job.kind, &c.logprobs)),
+            logprobs: want_lp.then(|| logprobs(&state, req.kind, &c.logprobs)),
             finish_reason: Some(d.finish_reason.as_str().to_string()),
-            prompt_token_ids: job.return_token_ids.then(|| job.seqs[i].prompt.clone()),
+            prompt_token_ids: req.return_token_ids.then(|| req.seqs[i].prompt.clone()),
             ..Default::default()
         };
-        match job.kind {
+        match req.kind {
             Kind::Chat => {
                 choice.message = Some(ResponseMessage {
                     role: "assistant".into(),
@@ -177,26 +177,26 @@ pub(crate) async fn collect_response(
         choices.push(choice);
     }
     let mut usage = Usage::new(
-        prompt_tokens_once(&job.seqs) as u64,
+        prompt_tokens_once(&req.seqs) as u64,
         completion_tokens as u64,
     );
     usage.prompt_tokens_details = Some(PromptTokensDetails {
         cached_tokens: cached as u64,
     });
     let body = WireResponse {
-        id: job.kind.id(),
-        object: if job.kind == Kind::Chat {
+        id: req.kind.id(),
+        object: if req.kind == Kind::Chat {
             "chat.completion"
         } else {
             "text_completion"
         }
         .into(),
         created: now_secs(),
-        model: job.model.clone(),
+        model: req.model.clone(),
         system_fingerprint: Some("abserve".into()),
         choices,
         usage: Some(usage),
-        abserve: job.routed.as_ref().map(|r| Routing {
+        abserve: req.routed.as_ref().map(|r| Routing {
             in_experiment: r.record && recorded,
             ..routing(r)
         }),
@@ -297,30 +297,30 @@ struct Seen {
 /// Merges the per-choice event streams into OpenAI's chunk sequence.
 pub(crate) fn stream_response(
     state: Arc<AppState>,
-    job: ValidRequest,
+    req: ValidRequest,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let object = if job.kind == Kind::Chat {
+    let object = if req.kind == Kind::Chat {
         "chat.completion.chunk"
     } else {
         "text_completion"
     };
     let template = Chunk {
-        id: job.kind.id(),
+        id: req.kind.id(),
         object: object.into(),
         created: now_secs(),
-        model: job.model.clone(),
+        model: req.model.clone(),
         system_fingerprint: Some("abserve".into()),
         ..Default::default()
     };
     let chunker = Chunker {
         template,
-        kind: job.kind,
-        want_lp: job.logprobs(),
+        kind: req.kind,
+        want_lp: req.logprobs(),
         state: state.clone(),
     };
     // role chunks first (chat only)
-    let head: Vec<Chunk> = match job.kind {
+    let head: Vec<Chunk> = match req.kind {
         Kind::Chat => (0..rxs.len())
             .map(|i| {
                 let delta = Delta {
@@ -367,7 +367,7 @@ pub(crate) fn stream_response(
             })
     };
     let tail =
-        stream::once(finish_stream(state, job, chunker, seen)).filter_map(|x| async move { x });
+        stream::once(finish_stream(state, req, chunker, seen)).filter_map(|x| async move { x });
     let events = stream::iter(head.iter().map(sse).collect::<Vec<_>>())
         .chain(body)
         .chain(tail)
@@ -380,7 +380,7 @@ pub(crate) fn stream_response(
 /// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
 async fn finish_stream(
     state: Arc<AppState>,
-    job: ValidRequest,
+    req: ValidRequest,
     chunker: Chunker,
     seen: Arc<Mutex<Seen>>,
 ) -> Option<Result<SseEvent, Infallible>> {
@@ -392,16 +392,16 @@ async fn finish_stream(
             s.completion_tokens,
         )
     };
-    if let Some(r) = &job.routed {
+    if let Some(r) = &req.routed {
         // failures are logged and counted by expose
         let _ = expose(&state, r, done.as_ref(), err).await;
     }
-    if !job.include_usage {
+    if !req.include_usage {
         return None;
     }
     let mut c = chunker.chunk(vec![]);
     c.usage = Some(Usage::new(
-        prompt_tokens_once(&job.seqs) as u64,
+        prompt_tokens_once(&req.seqs) as u64,
         completion as u64,
     ));
     Some(sse(&c))

@@ -109,6 +109,14 @@ impl AppState {
             .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
     }
 
+    /// The context a request of this server must fit (the plan's, and `--max-prompt-tokens`).
+    pub fn limits(&self) -> abserve_engine::prepare::Limits {
+        abserve_engine::prepare::Limits {
+            context: self.engine.plan().context as usize,
+            max_prompt_tokens: self.config.max_prompt_tokens,
+        }
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }

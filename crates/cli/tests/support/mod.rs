@@ -285,3 +285,55 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The repository's root (scripts, examples, models).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A fresh, empty temporary directory of this test process.
+pub fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("abserve-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every line of a JSONL file as JSON (none when the file does not exist yet).
+pub fn jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display())))
+        .collect()
+}
+
+/// POSTs a JSON body: the status and the JSON answer (`Null` when it is not JSON).
+pub async fn post_json(
+    c: &reqwest::Client,
+    url: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c.post(url).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// The `data:` payloads of a server-sent-events response, read with the protocol crate's decoder
+/// (the last one `[DONE]` when the stream ended properly).
+pub async fn sse(r: reqwest::Response) -> Vec<String> {
+    use abserve_protocol::{SseDecoder, SseEvent};
+    use futures::StreamExt;
+    let mut decoder = SseDecoder::new();
+    let mut out = vec![];
+    let mut body = r.bytes_stream();
+    let text = |e: SseEvent| match e {
+        SseEvent::Data(d) => d,
+        SseEvent::Done => "[DONE]".to_string(),
+    };
+    while let Some(chunk) = body.next().await {
+        out.extend(decoder.feed(&chunk.unwrap()).into_iter().map(text));
+    }
+    out.extend(decoder.finish().map(text));
+    out
+}

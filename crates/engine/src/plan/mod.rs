@@ -4,6 +4,9 @@
 //! Everything that loads a model goes through [`MemoryPlan::new`]; the engine sizes its one KV
 //! cache from `kv_cells` and the scheduler never admits more KV demand than that, which is
 //! what makes "out of memory" impossible by construction rather than by luck.
+//!
+//! `bytes`: budgets and sizes as people write and read them; `system`: this machine's and
+//! this process's memory (`/proc`, cgroups); `split`: the device side of the plan.
 
 use std::fmt;
 
@@ -11,10 +14,14 @@ use serde::Serialize;
 
 use crate::gguf::ModelShape;
 
+mod bytes;
 mod split;
+mod system;
 
+pub use bytes::{human_bytes, parse_bytes, Budget};
 use split::Split;
 pub use split::{DeviceMemory, DevicePlan, Offload};
+pub use system::{available_memory, current_rss, peak_rss};
 
 /// Granularity llama.cpp pads the context (KV cells) to.
 pub const KV_PAD: u64 = 256;
@@ -55,117 +62,6 @@ impl fmt::Display for KvType {
             KvType::Q8_0 => "q8_0",
         })
     }
-}
-
-/// A memory budget as the user wrote it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Budget {
-    Bytes(u64),
-    /// A fraction (0, 1] of the memory available to this process (or of `--device-memory`).
-    Fraction(f64),
-}
-
-impl std::str::FromStr for Budget {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p
-                .trim()
-                .parse()
-                .map_err(|_| format!("bad percentage '{s}'"))?;
-            if !(v > 0.0 && v <= 100.0) {
-                return Err(format!("percentage '{s}' must be in (0, 100]"));
-            }
-            return Ok(Budget::Fraction(v / 100.0));
-        }
-        parse_bytes(t).map(Budget::Bytes)
-    }
-}
-
-/// Parses `2GiB`, `512MB`, `1.5G`, `1000000` into bytes (K/M/G/T are powers of 1024 when
-/// written with `i`, of 1000 with a plain `B`; a bare suffix like `G` means GiB as in `ulimit`).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .trim()
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("bad size '{s}'"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "kb" => 1e3,
-        "m" | "mib" => 1024f64.powi(2),
-        "mb" => 1e6,
-        "g" | "gib" => 1024f64.powi(3),
-        "gb" => 1e9,
-        "t" | "tib" => 1024f64.powi(4),
-        "tb" => 1e12,
-        other => return Err(format!("unknown size unit '{other}' in '{s}'")),
-    };
-    if v < 0.0 || !v.is_finite() {
-        return Err(format!("bad size '{s}'"));
-    }
-    Ok((v * mult) as u64)
-}
-
-pub fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= 1024f64.powi(3) {
-        format!("{:.1} GiB", b / 1024f64.powi(3))
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{b} B")
-    }
-}
-
-/// A `Key:   123 kB` line of a /proc file, in bytes.
-fn proc_kb(path: &str, key: &str) -> Option<u64> {
-    std::fs::read_to_string(path).ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    })
-}
-
-/// Memory this process may use on a CPU: the smaller of the cgroup limit and MemAvailable.
-pub fn available_memory() -> u64 {
-    let mem_available = proc_kb("/proc/meminfo", "MemAvailable:").unwrap_or(u64::MAX);
-    let cgroup = [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .find_map(|p| std::fs::read_to_string(p).ok())
-    .and_then(|s| s.trim().parse::<u64>().ok())
-    .unwrap_or(u64::MAX);
-    mem_available.min(cgroup)
-}
-
-/// Resident set size of this process, from /proc/self/statm.
-pub fn current_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
-}
-
-/// Peak resident set size of this process (VmHWM).
-pub fn peak_rss() -> u64 {
-    proc_kb("/proc/self/status", "VmHWM:").unwrap_or(0)
 }
 
 #[derive(Debug, Clone)]

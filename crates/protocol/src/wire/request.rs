@@ -10,28 +10,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::Sampling;
+pub use crate::inputs::Stop;
 #[allow(unused_imports)] // used by the schema examples
 use serde_json::json;
 
 fn is_false(b: &bool) -> bool {
     !*b
-}
-
-/// `stop`: one string or a list.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Stop {
-    pub fn to_vec(&self) -> Vec<String> {
-        match self {
-            Stop::One(s) => vec![s.clone()],
-            Stop::Many(v) => v.clone(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -1,4 +1,5 @@
-//! `abserve worker`: runs queued eval jobs on the engine in this process.
+//! `abserve worker`: runs queued eval jobs on the engine in this process, each prepared and run
+//! as eval runs it in process (`abserve_engine::call`).
 //!
 //! Back-pressure: the consumer's prefetch is the plan's sequence slots, so the broker never
 //! hands this worker more jobs than it can run at once; a full worker takes nothing more and
@@ -23,9 +24,12 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 
-use crate::error::EvalError;
-use crate::queue::{self, amqp, header_int, Job, JobResult, Queues, ERROR, FAILURES};
-use crate::target::{CallError, Target};
+use abserve_engine::Engine;
+use abserve_protocol::calls::CallError;
+use abserve_protocol::jobs::{Job, JobResult};
+
+use crate::topology::{self as queue, amqp, header_int, Queues, ERROR, FAILURES};
+use crate::QueueError;
 
 pub struct Options {
     pub amqp: String,
@@ -68,7 +72,7 @@ impl Drop for InHand {
 }
 
 struct Ctx {
-    target: Arc<Target>,
+    engine: Arc<Engine>,
     publish: Channel,
     queues: Queues,
     max_failures: u32,
@@ -88,12 +92,12 @@ pub fn worker_name() -> String {
 /// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
 /// jobs in hand (acking each) and returns.
 pub async fn work(
-    target: Arc<Target>,
+    engine: Arc<Engine>,
     slots: u16,
     opts: Options,
     tally: Arc<Tally>,
     stop: impl std::future::Future<Output = ()>,
-) -> Result<(), EvalError> {
+) -> Result<(), QueueError> {
     let (conn, publish) = queue::connect(&opts.amqp).await?;
     let queues = Queues::new(&opts.queue);
     queues.declare(&publish).await?;
@@ -121,7 +125,7 @@ pub async fn work(
         slots.max(1)
     );
     let ctx = Arc::new(Ctx {
-        target,
+        engine,
         publish,
         queues,
         max_failures: opts.max_failures.max(1),
@@ -152,7 +156,7 @@ pub async fn work(
                         r
                     });
                 }
-                Some(Err(e)) => return Err(EvalError::Queue(format!("consuming: {e}"))),
+                Some(Err(e)) => return Err(QueueError(format!("consuming: {e}"))),
                 None => break,
             },
             Some(done) = tasks.join_next() => log_task(done),
@@ -170,7 +174,7 @@ pub async fn work(
     Ok(())
 }
 
-fn log_task(done: Result<Result<(), EvalError>, tokio::task::JoinError>) {
+fn log_task(done: Result<Result<(), QueueError>, tokio::task::JoinError>) {
     match done {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!("job returned to the queue: {e}"),
@@ -178,7 +182,7 @@ fn log_task(done: Result<Result<(), EvalError>, tokio::task::JoinError>) {
     }
 }
 
-async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
+async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), QueueError> {
     let failures = header_int(&d.properties, FAILURES).max(0) as u32;
     let job: Job = match serde_json::from_slice(&d.data) {
         Ok(j) => j,
@@ -188,7 +192,7 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
         }
     };
     let answer = loop {
-        match ctx.target.chat(&job.call).await {
+        match abserve_engine::call::chat(&ctx.engine, &job.call).await {
             // the prefetch keeps the engine from filling up; another caller may still have
             Err(CallError::Overloaded { .. }) => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -240,12 +244,12 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), EvalError> {
 }
 
 /// Makes a result durable: the store (once per job id), then the run's results queue.
-async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), EvalError> {
-    let body =
-        serde_json::to_vec(r).map_err(|e| EvalError::Queue(format!("encoding a result: {e}")))?;
+async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), QueueError> {
+    let body = serde_json::to_vec(r).map_err(|e| QueueError(format!("encoding a result: {e}")))?;
     if let Some(s) = &ctx.store {
         s.put_job_result(&job.id, &job.run, &String::from_utf8_lossy(&body))
-            .await?;
+            .await
+            .map_err(|e| QueueError(format!("committing the result to the store: {e}")))?;
     }
     match d.properties.reply_to() {
         Some(q) => {
@@ -261,7 +265,12 @@ async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), 
     }
 }
 
-async fn dead_letter(ctx: &Ctx, d: &Delivery, error: &str, failures: u32) -> Result<(), EvalError> {
+async fn dead_letter(
+    ctx: &Ctx,
+    d: &Delivery,
+    error: &str,
+    failures: u32,
+) -> Result<(), QueueError> {
     let props = d
         .properties
         .clone()
@@ -279,7 +288,7 @@ fn headers(d: &Delivery, failures: u32, error: &str) -> FieldTable {
     h
 }
 
-async fn ack(d: &Delivery) -> Result<(), EvalError> {
+async fn ack(d: &Delivery) -> Result<(), QueueError> {
     d.ack(BasicAckOptions::default())
         .await
         .map_err(amqp("acknowledging"))

@@ -1,6 +1,6 @@
-//! The job queue of offline evals on RabbitMQ: what a job and its result are, and the queues
-//! they travel on. `abserve eval --amqp` publishes jobs (`queued`), `abserve worker` runs them
-//! (`worker`).
+//! The queues the jobs of offline evals travel on (the messages: `abserve_protocol::jobs`).
+//! `abserve eval --amqp` publishes jobs (`abserve_eval`), `abserve worker` runs them
+//! ([`crate::worker`]).
 //!
 //! Topology, all durable, declared alike by both sides (a mismatch is refused by the broker):
 //! - `NAME` (default `abserve.jobs`): a quorum queue of jobs, one per row × variant, persistent,
@@ -29,10 +29,8 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use serde::{Deserialize, Serialize};
 
-use crate::error::EvalError;
-use crate::target::{Call, Generation};
+use crate::QueueError;
 
 /// Deliveries of one job before the broker dead-letters it (worker crashes included).
 pub const DELIVERY_LIMIT: i32 = 10;
@@ -42,29 +40,6 @@ pub const FAILURES: &str = "x-abserve-failures";
 pub const ERROR: &str = "x-abserve-error";
 /// The header that carries a job's eval run: the dead-letter exchange routes on it.
 pub const RUN: &str = "x-abserve-run";
-
-/// One row × variant to answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Job {
-    /// `RUN/ROW/VARIANT`: unique per eval run, the key results are deduplicated by.
-    pub id: String,
-    pub run: String,
-    pub row: String,
-    pub variant: String,
-    pub call: Call,
-}
-
-/// A job's answer or its final error.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobResult {
-    pub id: String,
-    /// The worker that answered (host and pid).
-    pub worker: String,
-    /// Tries it took (failures before this one + 1).
-    pub attempts: u32,
-    pub generation: Option<Generation>,
-    pub error: Option<String>,
-}
 
 /// The queues of one job queue name.
 #[derive(Debug, Clone)]
@@ -91,7 +66,7 @@ impl Queues {
 
     /// Declares the jobs and dead-letter queues and the dead-letter exchange (idempotent with
     /// equal arguments).
-    pub async fn declare(&self, ch: &Channel) -> Result<lapin::Queue, EvalError> {
+    pub async fn declare(&self, ch: &Channel) -> Result<lapin::Queue, QueueError> {
         let durable = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -145,7 +120,7 @@ impl Queues {
         ch: &Channel,
         results: &str,
         run: &str,
-    ) -> Result<(), EvalError> {
+    ) -> Result<(), QueueError> {
         let mut args = FieldTable::default();
         args.insert("x-match".into(), AMQPValue::LongString("all".into()));
         args.insert(RUN.into(), AMQPValue::LongString(run.into()));
@@ -158,12 +133,10 @@ impl Queues {
 }
 
 /// Connects and opens a channel in publisher-confirm mode.
-pub async fn connect(url: &str) -> Result<(Connection, Channel), EvalError> {
+pub async fn connect(url: &str) -> Result<(Connection, Channel), QueueError> {
     let conn = Connection::connect(url, ConnectionProperties::default())
         .await
-        .map_err(|e| {
-            EvalError::Queue(format!("cannot connect to {}: {e}", without_password(url)))
-        })?;
+        .map_err(|e| QueueError(format!("cannot connect to {}: {e}", without_password(url))))?;
     let ch = conn
         .create_channel()
         .await
@@ -187,7 +160,7 @@ pub async fn publish_confirmed(
     queue: &str,
     body: &[u8],
     props: BasicProperties,
-) -> Result<(), EvalError> {
+) -> Result<(), QueueError> {
     let confirm = ch
         .basic_publish("", queue, Default::default(), body, props)
         .await
@@ -195,7 +168,7 @@ pub async fn publish_confirmed(
         .await
         .map_err(amqp("waiting for the publisher confirm"))?;
     if !confirm.is_ack() {
-        return Err(EvalError::Queue(format!(
+        return Err(QueueError(format!(
             "the broker refused a message for '{queue}' (nack)"
         )));
     }
@@ -222,8 +195,8 @@ pub fn header_int(props: &BasicProperties, name: &str) -> i64 {
     }
 }
 
-pub fn amqp(what: &'static str) -> impl Fn(lapin::Error) -> EvalError {
-    move |e| EvalError::Queue(format!("{what}: {e}"))
+pub fn amqp(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
+    move |e| QueueError(format!("{what}: {e}"))
 }
 
 /// The url without its password.

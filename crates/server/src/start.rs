@@ -1,0 +1,48 @@
+//! The one engine of a process and its metrics, started the same way by `abserve serve` and
+//! `abserve worker` (whose `--listen` serves the same `/health`, `/ready` and `/metrics`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use abserve_engine::{Engine, EngineConfig};
+
+use crate::metrics::Metrics;
+use crate::state::ServerConfig;
+
+/// Plans, loads the model once and starts the engine thread, with every engine step observed
+/// by the metrics' step histogram.
+pub fn start_engine(cfg: EngineConfig) -> anyhow::Result<(Engine, Arc<Metrics>)> {
+    let step_hist = Metrics::engine_step_histogram()?;
+    let observer = step_hist.clone();
+    let engine = Engine::start_with_observer(
+        cfg,
+        Some(Arc::new(move |d: Duration| {
+            observer.observe(d.as_secs_f64())
+        })),
+    )?;
+    let metrics = Metrics::new(
+        engine.plan(),
+        engine.stats_handle(),
+        step_hist,
+        engine.device(),
+    )?;
+    Ok((engine, metrics))
+}
+
+impl ServerConfig {
+    /// What the operations routes read in a process that serves no API (`abserve worker`): the
+    /// model's id, the readiness cache and the time limits; no API key, no request bodies.
+    pub fn operations(model_id: String) -> ServerConfig {
+        ServerConfig {
+            model_id,
+            queue_timeout: Duration::from_secs(30),
+            api_key: None,
+            body_limit: 0,
+            max_prompt_tokens: 0,
+            ready_cache: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(1),
+            header_read_timeout: Duration::from_secs(10),
+            cors_origins: vec![],
+        }
+    }
+}
