@@ -4,10 +4,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::device::Device;
 use crate::gguf::{GgufError, GgufHeader, ModelShape};
 use crate::plan::{available_memory, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
+use crate::scheduler::SchedulerConfig;
 
 /// How many requests may wait beyond the running slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +156,26 @@ impl EngineConfig {
             layers: gpu_layers.min(shape.n_layer),
             weights_bytes: header.offloaded_bytes(shape.n_layer, gpu_layers),
         })
+    }
+
+    /// The scheduler's settings under `plan`: its cells, slots and context, the KV layout, the
+    /// prefix store, the ITL target and the switches.
+    pub(crate) fn scheduler_config(&self, plan: &MemoryPlan) -> SchedulerConfig {
+        let mut s = SchedulerConfig::new(
+            plan.kv_cells as usize,
+            plan.seq_slots as usize,
+            plan.context as usize,
+        );
+        if !plan.kv_unified {
+            s.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
+        }
+        s.prefix_store_bytes = plan.prefix_store_bytes as usize;
+        s.max_itl = (self.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(self.max_itl_ms / 1e3));
+        s.admission_control = self.admission_control;
+        if !self.prefix_sharing {
+            s.min_shared_prefix = usize::MAX;
+        }
+        s
     }
 
     pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {

@@ -6,10 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use abserve_protocol::Sampling;
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -77,6 +76,57 @@ pub struct Engine {
     failure: Arc<Mutex<Option<String>>>,
 }
 
+/// What the engine thread starts with: it creates the one llama.cpp context, says when it is
+/// ready (or why it is not), then runs the step loop until shutdown or a caught panic.
+struct EngineThread {
+    model: Arc<Model>,
+    plan: MemoryPlan,
+    context: ContextConfig,
+    scheduler: SchedulerConfig,
+    stats: Arc<EngineStats>,
+    observer: Option<StepObserver>,
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl EngineThread {
+    /// Starts the thread and waits until its context exists: the handle, the resident memory
+    /// then and llama.cpp's buffers.
+    fn spawn(
+        self,
+        rx: Receiver<Command>,
+    ) -> Result<(JoinHandle<()>, u64, LlamaBuffers), EngineError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("abserve-engine".into())
+            .spawn(move || {
+                let ctx = match Context::new(&self.model, &self.plan, &self.context) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
+                let mut compute = LlamaCompute {
+                    model: &self.model,
+                    ctx,
+                };
+                let mut sched = Scheduler::new(self.scheduler, self.stats);
+                if let Some(o) = self.observer {
+                    sched.set_observer(o);
+                }
+                if let Err(cause) = run_guarded(&mut sched, &mut compute, &rx) {
+                    *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
+                }
+            })
+            .map_err(|e| EngineError::Thread(e.to_string()))?;
+        let (rss, llama) = ready_rx
+            .recv()
+            .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
+        Ok((thread, rss, llama))
+    }
+}
+
 impl Engine {
     /// Plans, refuses if the model cannot fit, loads the weights once and starts the engine thread.
     pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
@@ -115,61 +165,19 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let failure = Arc::new(Mutex::new(None));
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = {
-            let model = model.clone();
-            let failure = failure.clone();
-            let plan = plan.clone();
-            let stats = stats.clone();
-            let threads = cfg.threads;
-            let flash_attention = cfg.flash_attention;
-            let mut sched_cfg = SchedulerConfig::new(
-                plan.kv_cells as usize,
-                plan.seq_slots as usize,
-                plan.context as usize,
-            );
-            if !plan.kv_unified {
-                sched_cfg.cells_per_slot = Some(plan.kv_cells_per_slot as usize);
-            }
-            sched_cfg.prefix_store_bytes = plan.prefix_store_bytes as usize;
-            sched_cfg.max_itl =
-                (cfg.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(cfg.max_itl_ms / 1e3));
-            sched_cfg.admission_control = cfg.admission_control;
-            if !cfg.prefix_sharing {
-                sched_cfg.min_shared_prefix = usize::MAX;
-            }
-            std::thread::Builder::new()
-                .name("abserve-engine".into())
-                .spawn(move || {
-                    let ctx = match Context::new(
-                        &model,
-                        &plan,
-                        &ContextConfig {
-                            threads,
-                            flash_attention,
-                        },
-                    ) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
-                    let mut compute = LlamaCompute { model: &model, ctx };
-                    let mut sched = Scheduler::new(sched_cfg, stats);
-                    if let Some(o) = observer {
-                        sched.set_observer(o);
-                    }
-                    if let Err(cause) = run_guarded(&mut sched, &mut compute, &rx) {
-                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
-                    }
-                })
-                .map_err(|e| EngineError::Thread(e.to_string()))?
-        };
-        let (rss_after_context, llama) = ready_rx
-            .recv()
-            .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
+        let (thread, rss_after_context, llama) = EngineThread {
+            model: model.clone(),
+            plan: plan.clone(),
+            context: ContextConfig {
+                threads: cfg.threads,
+                flash_attention: cfg.flash_attention,
+            },
+            scheduler: cfg.scheduler_config(&plan),
+            stats: stats.clone(),
+            observer,
+            failure: failure.clone(),
+        }
+        .spawn(rx)?;
         let measured = MeasuredMemory {
             rss_before_load,
             rss_after_load,

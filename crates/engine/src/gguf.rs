@@ -128,6 +128,36 @@ struct Reader<R> {
 }
 
 impl<R: Read> Reader<R> {
+    /// One entry of the tensor table: name, shape, type, offset, and its size in bytes (checked:
+    /// a known type, at most 8 dimensions, a shape whose size does not overflow).
+    fn tensor_info(&mut self) -> Result<TensorInfo, GgufError> {
+        let name = self.string()?;
+        let n_dims = self.u32()?;
+        if n_dims > 8 {
+            return Err(self.corrupt(format!("tensor {name} has {n_dims} dimensions")));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(self.u64()?);
+        }
+        let ggml_type = self.u32()?;
+        let offset = self.u64()?;
+        let (blk, size) = ggml_type_block(ggml_type)
+            .ok_or_else(|| self.corrupt(format!("tensor {name} has unknown type {ggml_type}")))?;
+        let elems = dims.iter().try_fold(1u64, |a, d| a.checked_mul(*d));
+        let bytes = elems
+            .filter(|e| e % blk == 0)
+            .and_then(|e| (e / blk).checked_mul(size))
+            .ok_or_else(|| self.corrupt(format!("tensor {name} has impossible shape {dims:?}")))?;
+        Ok(TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+            bytes,
+        })
+    }
+
     fn corrupt(&self, what: impl Into<String>) -> GgufError {
         GgufError::Corrupt {
             path: self.path.clone(),
@@ -276,33 +306,10 @@ impl GgufHeader {
             metadata.insert(key, v);
         }
         // capacity from what the file can hold (a tensor entry is at least 24 bytes), not from its word
+        // capacity from what the file can hold (a tensor entry is at least 24 bytes), not from its word
         let mut tensors = Vec::with_capacity((n_tensors as usize).min(file_size as usize / 24));
         for _ in 0..n_tensors {
-            let name = r.string()?;
-            let n_dims = r.u32()?;
-            if n_dims > 8 {
-                return Err(r.corrupt(format!("tensor {name} has {n_dims} dimensions")));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(r.u64()?);
-            }
-            let ggml_type = r.u32()?;
-            let offset = r.u64()?;
-            let (blk, size) = ggml_type_block(ggml_type)
-                .ok_or_else(|| r.corrupt(format!("tensor {name} has unknown type {ggml_type}")))?;
-            let elems = dims.iter().try_fold(1u64, |a, d| a.checked_mul(*d));
-            let bytes = elems
-                .filter(|e| e % blk == 0)
-                .and_then(|e| (e / blk).checked_mul(size))
-                .ok_or_else(|| r.corrupt(format!("tensor {name} has impossible shape {dims:?}")))?;
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                bytes,
-            });
+            tensors.push(r.tensor_info()?);
         }
         let pos = r
             .inner

@@ -89,6 +89,27 @@ pub fn worker_name() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// Answers one delivery, counted in hand until it is acked or returned: an error of the worker
+/// itself (a lost confirm, a store write that failed) returns the job to the queue for another
+/// try (the broker counts it toward the delivery limit).
+async fn take(ctx: Arc<Ctx>, d: Delivery) -> Result<(), QueueError> {
+    let in_hand = InHand::count(&ctx.tally);
+    let t0 = std::time::Instant::now();
+    let r = handle(&ctx, &d).await;
+    if r.is_err() {
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        let _ = d.nack(requeue).await;
+        ctx.tally.returned.fetch_add(1, Ordering::Relaxed);
+    }
+    let took = t0.elapsed().as_micros().min(u64::MAX as u128) as u64;
+    ctx.tally.busy_micros.fetch_add(took, Ordering::Relaxed);
+    drop(in_hand);
+    r
+}
+
 /// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
 /// jobs in hand (acking each) and returns.
 pub async fn work(
@@ -139,22 +160,7 @@ pub async fn work(
         tokio::select! {
             d = consumer.next() => match d {
                 Some(Ok(d)) => {
-                    let ctx = ctx.clone();
-                    let in_hand = InHand::count(&ctx.tally);
-                    tasks.spawn(async move {
-                        let t0 = std::time::Instant::now();
-                        let r = handle(&ctx, &d).await;
-                        if r.is_err() {
-                            // back to the queue for another try (the broker counts it toward
-                            // the delivery limit)
-                            let _ = d.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
-                            ctx.tally.returned.fetch_add(1, Ordering::Relaxed);
-                        }
-                        let took = t0.elapsed().as_micros().min(u64::MAX as u128) as u64;
-                        ctx.tally.busy_micros.fetch_add(took, Ordering::Relaxed);
-                        drop(in_hand);
-                        r
-                    });
+                    tasks.spawn(take(ctx.clone(), d));
                 }
                 Some(Err(e)) => return Err(QueueError(format!("consuming: {e}"))),
                 None => break,

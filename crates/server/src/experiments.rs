@@ -324,39 +324,11 @@ pub async fn fanout(
 ) -> Result<Response, ApiError> {
     let e = find(&state, &name)?;
     let exp = e.clone();
-    let (input, jobs) = state
-        .prepare(move |st| {
-            let b: FanoutBody = crate::validate::parse_body(&body)?;
-            let mut jobs = vec![];
-            let defaults = Sampling {
-                temperature: Some(1.0),
-                ..Default::default()
-            };
-            for v in &exp.variants {
-                let (msgs, sampling) = v
-                    .apply(&[ChatMessage::new("user", &b.input)], &defaults)
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                // a fan-out clamps an unset max_tokens to the room the context leaves
-                let p = prepare(
-                    &*st.engine,
-                    Input::Chat(&msgs),
-                    &sampling,
-                    &Options::new(256),
-                    st.limits(),
-                )?;
-                jobs.push(Request {
-                    prompt: p.prompt,
-                    params: p.params,
-                    group: Some(exp.name.clone()),
-                    priority: false,
-                    kv_share: exp.max_kv_share,
-                });
-            }
-            Ok((b.input, jobs))
-        })
+    let (input, requests) = state
+        .prepare(move |st| fanout_requests(st, &exp, &body))
         .await?;
     // one group: every variant enters the queue, or none does
-    let admitted = state.admit_group(jobs, GroupOf::Variants).await?;
+    let admitted = state.admit_group(requests, GroupOf::Variants).await?;
     let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
     let outs =
         futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
@@ -370,30 +342,12 @@ pub async fn fanout(
                 .unwrap_or(u64::MAX)
         })
         .collect();
-    let mut results = vec![];
-    for (v, o) in e.variants.iter().zip(outs) {
-        let mut r = FanoutResult {
-            variant: v.id.clone(),
-            ..Default::default()
-        };
-        match o {
-            Ok(o) => {
-                let d = &o.completion;
-                r.output = Some(o.text);
-                r.prompt_tokens = Some(d.prompt_tokens as u64);
-                r.completion_tokens = Some(d.completion_tokens as u64);
-                r.shared_prompt_tokens = Some(d.shared_prompt_tokens as u64);
-                r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
-                r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
-                r.finish_reason = Some(d.finish_reason.as_str().into());
-            }
-            Err(err) => {
-                state.metrics.generation_error(&err);
-                r.error = Some(err.to_string());
-            }
-        }
-        results.push(r);
-    }
+    let mut results: Vec<FanoutResult> = e
+        .variants
+        .iter()
+        .zip(outs)
+        .map(|(v, o)| fanout_result(&state, &v.id, o))
+        .collect();
     // admission rank of each variant (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
     idx.sort_by_key(|&i| orders[i]);
@@ -406,4 +360,68 @@ pub async fn fanout(
         results,
     })
     .into_response())
+}
+
+/// The request of every variant of `exp` for a fan-out body, prepared as a chat request routed
+/// to that variant would be (an unset `max_tokens` is clamped to the room the context leaves).
+fn fanout_requests(
+    st: &AppState,
+    exp: &Experiment,
+    body: &[u8],
+) -> Result<(String, Vec<Request>), ApiError> {
+    let b: FanoutBody = crate::validate::parse_body(body)?;
+    let defaults = Sampling {
+        temperature: Some(1.0),
+        ..Default::default()
+    };
+    let mut requests = vec![];
+    for v in &exp.variants {
+        let (msgs, sampling) = v
+            .apply(&[ChatMessage::new("user", &b.input)], &defaults)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let p = prepare(
+            &*st.engine,
+            Input::Chat(&msgs),
+            &sampling,
+            &Options::new(256),
+            st.limits(),
+        )?;
+        requests.push(Request {
+            prompt: p.prompt,
+            params: p.params,
+            group: Some(exp.name.clone()),
+            priority: false,
+            kv_share: exp.max_kv_share,
+        });
+    }
+    Ok((b.input, requests))
+}
+
+/// One variant's side of a fan-out: its answer with counts and timings, or its error.
+fn fanout_result(
+    state: &AppState,
+    variant: &str,
+    o: Result<abserve_engine::Output, abserve_engine::GenerationError>,
+) -> FanoutResult {
+    let mut r = FanoutResult {
+        variant: variant.to_string(),
+        ..Default::default()
+    };
+    match o {
+        Ok(o) => {
+            let d = &o.completion;
+            r.output = Some(o.text);
+            r.prompt_tokens = Some(d.prompt_tokens as u64);
+            r.completion_tokens = Some(d.completion_tokens as u64);
+            r.shared_prompt_tokens = Some(d.shared_prompt_tokens as u64);
+            r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
+            r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
+            r.finish_reason = Some(d.finish_reason.as_str().into());
+        }
+        Err(err) => {
+            state.metrics.generation_error(&err);
+            r.error = Some(err.to_string());
+        }
+    }
+    r
 }

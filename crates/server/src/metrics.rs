@@ -206,20 +206,18 @@ fn register_device(
     ])
 }
 
-impl Metrics {
-    pub fn new(
-        plan: &MemoryPlan,
-        stats: Arc<EngineStats>,
-        engine_step: Histogram,
-        device: Option<Arc<dyn abserve_engine::device::Device>>,
-    ) -> prometheus::Result<Arc<Metrics>> {
-        let registry = Registry::new();
-        let reg = Reg(&registry);
-        register_plan(&reg, plan)?;
-        let device = match (device, &plan.device) {
-            (Some(d), Some(p)) => Some((d, register_device(&reg, p)?)),
-            _ => None,
-        };
+/// The series with labels, every known label present from the start (so that rates exist at
+/// once): rejections by reason, store errors by operation, generation errors by kind, and the
+/// SRM p-value of each experiment.
+struct Labelled {
+    rejections_total: IntCounterVec,
+    store_errors: IntCounterVec,
+    generation_errors: IntCounterVec,
+    experiment_srm: GaugeVec,
+}
+
+impl Labelled {
+    fn register(reg: &Reg, registry: &Registry) -> prometheus::Result<Labelled> {
         let rejections_total = reg.known(
             names::REJECTIONS,
             "Requests turned away, by reason",
@@ -248,6 +246,7 @@ impl Metrics {
                 "decode",
                 "shutting_down",
                 "engine_stopped",
+                "internal",
             ],
         )?;
         let experiment_srm = GaugeVec::new(
@@ -255,6 +254,35 @@ impl Metrics {
             &["experiment"],
         )?;
         registry.register(Box::new(experiment_srm.clone()))?;
+        Ok(Labelled {
+            rejections_total,
+            store_errors,
+            generation_errors,
+            experiment_srm,
+        })
+    }
+}
+
+impl Metrics {
+    pub fn new(
+        plan: &MemoryPlan,
+        stats: Arc<EngineStats>,
+        engine_step: Histogram,
+        device: Option<Arc<dyn abserve_engine::device::Device>>,
+    ) -> prometheus::Result<Arc<Metrics>> {
+        let registry = Registry::new();
+        let reg = Reg(&registry);
+        register_plan(&reg, plan)?;
+        let device = match (device, &plan.device) {
+            (Some(d), Some(p)) => Some((d, register_device(&reg, p)?)),
+            _ => None,
+        };
+        let Labelled {
+            rejections_total,
+            store_errors,
+            generation_errors,
+            experiment_srm,
+        } = Labelled::register(&reg, &registry)?;
         let m = Metrics {
             device,
             generation_errors,

@@ -294,6 +294,27 @@ struct Seen {
     completion_tokens: usize,
 }
 
+/// The first chunk of every choice of a chat stream: the assistant's role, empty content (none
+/// for completions).
+fn role_chunks(chunker: &Chunker, choices: usize) -> Vec<Chunk> {
+    if chunker.kind != Kind::Chat {
+        return vec![];
+    }
+    (0..choices)
+        .map(|i| {
+            let delta = Delta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+            };
+            chunker.chunk(vec![ChunkChoice {
+                index: i as u32,
+                delta: Some(delta),
+                ..Default::default()
+            }])
+        })
+        .collect()
+}
+
 /// Merges the per-choice event streams into OpenAI's chunk sequence.
 pub(crate) fn stream_response(
     state: Arc<AppState>,
@@ -320,22 +341,7 @@ pub(crate) fn stream_response(
         state: state.clone(),
     };
     // role chunks first (chat only)
-    let head: Vec<Chunk> = match req.kind {
-        Kind::Chat => (0..rxs.len())
-            .map(|i| {
-                let delta = Delta {
-                    role: Some("assistant".into()),
-                    content: Some(String::new()),
-                };
-                chunker.chunk(vec![ChunkChoice {
-                    index: i as u32,
-                    delta: Some(delta),
-                    ..Default::default()
-                }])
-            })
-            .collect(),
-        Kind::Text => vec![],
-    };
+    let head = role_chunks(&chunker, rxs.len());
     let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
         stream::unfold(
             rx,

@@ -95,6 +95,46 @@ pub struct PlanRequest {
     pub offload: Option<Offload>,
 }
 
+impl PlanRequest {
+    /// Bytes of K and V of one token over every layer.
+    fn kv_bytes_per_token(&self) -> u64 {
+        let s = &self.shape;
+        self.kv_type
+            .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
+            + self
+                .kv_type
+                .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v)
+    }
+
+    /// The host budget in bytes, its margin and what is left to plan with.
+    fn host_budget(&self) -> (u64, u64, u64) {
+        let budget = match self.budget {
+            Budget::Bytes(b) => b,
+            Budget::Fraction(f) => (self.memory_total as f64 * f) as u64,
+        };
+        let margin = (budget as f64 * self.margin.clamp(0.0, 0.9)) as u64;
+        (budget, margin, budget - margin)
+    }
+
+    /// Host memory for saved prompt prefixes: none with a unified pool, else as asked (default
+    /// 5% of the budget).
+    fn prefix_store_bytes(&self, budget: u64) -> u64 {
+        if self.kv_unified {
+            0
+        } else {
+            self.prefix_store.unwrap_or(budget / 20)
+        }
+    }
+
+    /// What one naive copy of the model needs: its weights, the compute of one sequence and
+    /// the KV of one `per_slot` context.
+    fn one_copy_bytes(&self, per_slot: u64) -> u64 {
+        self.weights_bytes
+            + compute_estimate(&self.shape, self.n_batch, 1, per_slot, self.flash_attention)
+            + per_slot * self.kv_bytes_per_token()
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub weights_bytes: u64,
@@ -193,18 +233,8 @@ pub struct DoesNotFit {
 impl MemoryPlan {
     pub fn new(req: &PlanRequest) -> MemoryPlan {
         let s = &req.shape;
-        let kv_bytes_per_token = req
-            .kv_type
-            .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
-            + req
-                .kv_type
-                .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v);
-        let budget_bytes = match req.budget {
-            Budget::Bytes(b) => b,
-            Budget::Fraction(f) => (req.memory_total as f64 * f) as u64,
-        };
-        let margin_bytes = (budget_bytes as f64 * req.margin.clamp(0.0, 0.9)) as u64;
-        let usable_bytes = budget_bytes - margin_bytes;
+        let kv_bytes_per_token = req.kv_bytes_per_token();
+        let (budget_bytes, margin_bytes, usable_bytes) = req.host_budget();
         let max_slots = req.max_sequences.clamp(1, 256);
         let context = req.context.max(1);
         // split streams: every slot owns pad256(context) cells (llama.cpp pads n_ctx_seq to 256)
@@ -214,11 +244,7 @@ impl MemoryPlan {
             context.div_ceil(KV_PAD) * KV_PAD
         };
         let cap = req.kv_cells_cap.unwrap_or(max_slots * per_slot);
-        let prefix_store_bytes = if req.kv_unified {
-            0
-        } else {
-            req.prefix_store.unwrap_or(budget_bytes / 20)
-        };
+        let prefix_store_bytes = req.prefix_store_bytes(budget_bytes);
         let split = Split::new(req, kv_bytes_per_token);
         let fit = split.cells_that_fit(req, usable_bytes, prefix_store_bytes, max_slots);
         let (kv_cells, seq_slots, kv_cells_per_slot, full_context_sequences) = if req.kv_unified {
@@ -248,12 +274,9 @@ impl MemoryPlan {
             + kv_cells * split.kv_host_per_token
             + host_compute
             + prefix_store_bytes;
-        let min_copy = req.weights_bytes
-            + compute_estimate(s, req.n_batch, 1, per_slot, req.flash_attention)
-            + per_slot * kv_bytes_per_token;
         // the naive harness's question, asked of the memory the model would live in
-        let copies_that_fit =
-            device.as_ref().map_or(usable_bytes, |d| d.usable_bytes) / min_copy.max(1);
+        let copies_that_fit = device.as_ref().map_or(usable_bytes, |d| d.usable_bytes)
+            / req.one_copy_bytes(per_slot).max(1);
         let device_fits = device
             .as_ref()
             .is_none_or(|d| d.planned_bytes <= d.usable_bytes);

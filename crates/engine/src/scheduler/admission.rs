@@ -375,36 +375,23 @@ impl Scheduler {
                 cells: Vec::new(),
             });
         };
+        self.give_prefix(be, s, slot, source, len)
+    }
+
+    /// Gives the sequence `s` in `slot` the first `len` positions of `source`: restored from
+    /// the store, or copied from (split streams) or shared with (unified) the cached or running
+    /// holder.
+    fn give_prefix<C: Compute>(
+        &mut self,
+        be: &mut C,
+        s: Seq,
+        slot: i32,
+        source: Source,
+        len: usize,
+    ) -> Option<Active> {
         self.clock += 1;
         let donor = match source {
-            Source::Stored { id } => {
-                let Some(e) = self.store.entries.iter_mut().find(|e| e.id == id) else {
-                    self.slots.give_back(slot);
-                    self.fault(
-                        s,
-                        format!("stored prefix {id}, found in this admission, is gone"),
-                    );
-                    return None;
-                };
-                e.last_used = self.clock;
-                if be.restore_seq(&e.snap, slot) {
-                    be.truncate_seq(slot, len);
-                    self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
-                    return Some(Active {
-                        seq: s,
-                        slot,
-                        n_past: len,
-                        cells: self.cells.alloc_n(len),
-                    });
-                }
-                be.remove_seq(slot);
-                return Some(Active {
-                    seq: s,
-                    slot,
-                    n_past: 0,
-                    cells: Vec::new(),
-                });
-            }
+            Source::Stored { id } => return self.restore(be, s, slot, id, len),
             Source::Cached { id } => {
                 let Some(c) = self.cache.iter_mut().find(|c| c.id == id) else {
                     self.slots.give_back(slot);
@@ -447,6 +434,44 @@ impl Scheduler {
             slot,
             n_past: len,
             cells,
+        })
+    }
+
+    /// Restores stored prefix `id` into `slot` for `s` (who computes its whole prompt if the
+    /// backend refuses the state).
+    fn restore<C: Compute>(
+        &mut self,
+        be: &mut C,
+        s: Seq,
+        slot: i32,
+        id: u64,
+        len: usize,
+    ) -> Option<Active> {
+        let Some(e) = self.store.entries.iter_mut().find(|e| e.id == id) else {
+            self.slots.give_back(slot);
+            self.fault(
+                s,
+                format!("stored prefix {id}, found in this admission, is gone"),
+            );
+            return None;
+        };
+        e.last_used = self.clock;
+        if be.restore_seq(&e.snap, slot) {
+            be.truncate_seq(slot, len);
+            self.stats.prefix_restores.fetch_add(1, Ordering::Relaxed);
+            return Some(Active {
+                seq: s,
+                slot,
+                n_past: len,
+                cells: self.cells.alloc_n(len),
+            });
+        }
+        be.remove_seq(slot);
+        Some(Active {
+            seq: s,
+            slot,
+            n_past: 0,
+            cells: Vec::new(),
         })
     }
 
