@@ -28,7 +28,7 @@ cargo fmt --all --check >/dev/null 2>&1 || { echo "cargo fmt --all --check: the 
 # the test builds must reuse the normal build's dependencies (no feature added by dev-dependencies)
 python3 scripts/check-features.py || status=1
 # the layout shows the design: file and function lengths, no import circle (issue 27)
-python3 scripts/check-layout.py --warn-functions || status=1
+python3 scripts/check-layout.py || status=1
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
 mark "Rust tests"
 .venv/bin/python -m pytest -q tests/python 2>&1 || status=1

@@ -140,6 +140,65 @@ impl Experiment {
         Ok(())
     }
 
+    /// Variant ids unique and not empty, weights ≥ 0, templates that compile.
+    fn validate_variants(&self) -> Result<(), Invalid> {
+        let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
+        let mut seen = std::collections::HashSet::new();
+        for v in &self.variants {
+            if v.id.is_empty() {
+                return bad("a variant has an empty id".into());
+            }
+            if !seen.insert(v.id.as_str()) {
+                return bad(format!("duplicate variant id '{}'", v.id));
+            }
+            if !(v.weight.is_finite() && v.weight >= 0.0) {
+                return bad(format!(
+                    "variant '{}' has weight {}; weights must be ≥ 0",
+                    v.id, v.weight
+                ));
+            }
+            template_fields(&v.template).map_err(|e| {
+                Invalid(format!(
+                    "experiment '{}': variant '{}': {e}",
+                    self.name, v.id
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Ratio metrics: well-formed names that repeat no metric's, a numerator that is not the
+    /// denominator.
+    fn validate_ratios(&self) -> Result<(), Invalid> {
+        let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
+        let mut ratio_names = std::collections::HashSet::new();
+        for r in &self.ratios {
+            let metric_name = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 64
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            };
+            if !metric_name(&r.name) || !metric_name(&r.numerator) || !metric_name(&r.denominator) {
+                return bad(format!(
+                    "ratio '{}' ({} / {}): names must be 1-64 characters of letters, digits, '-', '_' or '.'",
+                    r.name, r.numerator, r.denominator
+                ));
+            }
+            if AUTOMATIC_METRICS.contains(&r.name.as_str()) || !ratio_names.insert(r.name.as_str())
+            {
+                return bad(format!("ratio '{}' repeats a metric's name", r.name));
+            }
+            if r.numerator == r.denominator {
+                return bad(format!(
+                    "ratio '{}' divides '{}' by itself",
+                    r.name, r.numerator
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Everything but the templates' variables: names, ids, weights, control, coverage, quota.
     /// Templates must still compile. (`abserve eval` checks the variables against its dataset.)
     pub fn validate_shape(&self) -> Result<(), Invalid> {
@@ -162,27 +221,7 @@ impl Experiment {
                 self.variants.len()
             ));
         }
-        let mut seen = std::collections::HashSet::new();
-        for v in &self.variants {
-            if v.id.is_empty() {
-                return bad("a variant has an empty id".into());
-            }
-            if !seen.insert(v.id.as_str()) {
-                return bad(format!("duplicate variant id '{}'", v.id));
-            }
-            if !(v.weight.is_finite() && v.weight >= 0.0) {
-                return bad(format!(
-                    "variant '{}' has weight {}; weights must be ≥ 0",
-                    v.id, v.weight
-                ));
-            }
-            template_fields(&v.template).map_err(|e| {
-                Invalid(format!(
-                    "experiment '{}': variant '{}': {e}",
-                    self.name, v.id
-                ))
-            })?;
-        }
+        self.validate_variants()?;
         if self.variants.iter().map(|v| v.weight).sum::<f64>() <= 0.0 {
             return bad("the weights sum to zero".into());
         }
@@ -209,31 +248,7 @@ impl Experiment {
                 ));
             }
         }
-        let mut ratio_names = std::collections::HashSet::new();
-        for r in &self.ratios {
-            let metric_name = |s: &str| {
-                !s.is_empty()
-                    && s.len() <= 64
-                    && s.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            };
-            if !metric_name(&r.name) || !metric_name(&r.numerator) || !metric_name(&r.denominator) {
-                return bad(format!(
-                    "ratio '{}' ({} / {}): names must be 1-64 characters of letters, digits, '-', '_' or '.'",
-                    r.name, r.numerator, r.denominator
-                ));
-            }
-            if AUTOMATIC_METRICS.contains(&r.name.as_str()) || !ratio_names.insert(r.name.as_str())
-            {
-                return bad(format!("ratio '{}' repeats a metric's name", r.name));
-            }
-            if r.numerator == r.denominator {
-                return bad(format!(
-                    "ratio '{}' divides '{}' by itself",
-                    r.name, r.numerator
-                ));
-            }
-        }
+        self.validate_ratios()?;
         if !(1..=2).contains(&self.hash_version) {
             return bad(format!("hash_version {} must be 1 or 2", self.hash_version));
         }

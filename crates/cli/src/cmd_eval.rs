@@ -78,32 +78,42 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let source = match (&a.url, &a.amqp) {
-            (Some(url), _) => Source::Target(Arc::new(Target::Http(Http::connect(url, key.clone(), a.remote_model.clone()).await?))),
-            (None, Some(amqp)) => Source::Queue(QueueSpec { amqp: amqp.clone(), queue: a.queue.clone(), prefetch: 64 }),
-            (None, None) => {
-                let engine_cfg = a.model.engine_config()?;
-                let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
-                Source::Target(Arc::new(Target::Engine(Arc::new(engine))))
-            }
-        };
+        let source = source(&a, key.clone()).await?;
         let described = match &source {
             Source::Target(t) => t.describe(),
-            Source::Queue(q) => format!("workers of queue '{}' at {}", q.queue, abserve_queue::topology::without_password(&q.amqp)),
+            Source::Queue(q) => format!(
+                "workers of queue '{}' at {}",
+                q.queue,
+                abserve_queue::topology::without_password(&q.amqp)
+            ),
         };
         let in_process = matches!(&source, Source::Target(t) if matches!(**t, Target::Engine(_)));
         let judge_target = match cfg.judge().map(|s| &s.kind) {
-            Some(ScorerKind::Judge { url: Some(u), model, .. }) => {
-                Some(Arc::new(Target::Http(Http::connect(u, key.clone(), model.clone()).await?)))
-            }
+            Some(ScorerKind::Judge {
+                url: Some(u),
+                model,
+                ..
+            }) => Some(Arc::new(Target::Http(
+                Http::connect(u, key.clone(), model.clone()).await?,
+            ))),
             _ => None,
         };
-        let opts = Options { out: a.out.clone(), fallback_concurrency: a.jobs, concurrency: a.concurrency, max_overloaded: a.max_retries };
+        let opts = Options {
+            out: a.out.clone(),
+            fallback_concurrency: a.jobs,
+            concurrency: a.concurrency,
+            max_overloaded: a.max_retries,
+        };
         eprintln!(
             "eval: {} rows × {} variants ({}) on {}",
             ds.rows.len(),
             cfg.experiment.variants.len(),
-            cfg.experiment.variants.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", "),
+            cfg.experiment
+                .variants
+                .iter()
+                .map(|v| v.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             described
         );
         let outcome = abserve_eval::run(&cfg, &ds, source, judge_target, &opts).await?;
@@ -112,33 +122,74 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             concurrency: outcome.capacity.concurrency,
             concurrency_source: outcome.capacity.source.clone(),
             wall_seconds: outcome.wall.as_secs_f64(),
-            peak_memory_bytes: if in_process { Some(abserve_engine::plan::peak_rss()) } else { outcome.peak_memory },
+            peak_memory_bytes: if in_process {
+                Some(abserve_engine::plan::peak_rss())
+            } else {
+                outcome.peak_memory
+            },
         };
         let s = summarize_run(&cfg, &ds, &outcome.results, &outcome.judgments, facts);
-        let out = &a.out;
-        std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&s)?).context("writing summary.json")?;
-        std::fs::write(out.join("report.md"), abserve_eval::report_md(&s)).context("writing report.md")?;
-        let html = abserve_eval::report_html(&s, &ds, &outcome.results, &outcome.judgments)?;
-        std::fs::write(out.join("report.html"), html).context("writing report.html")?;
-        println!("{}", table(&s));
-        if let Some(w) = abserve_eval::judge_warning(&s) {
-            println!("judge: {w}");
-        }
-        let answered: usize = s.variants.iter().map(|v| v.answered).sum();
-        let failed: usize = s.variants.iter().map(|v| v.errors).sum();
-        println!(
-            "{answered} answers ({} asked now, {} from an earlier run), {failed} failed; {} tokens; this run took {:.1} s at {} concurrent ({})",
-            outcome.generated_now,
-            outcome.skipped_done,
-            s.generated_tokens,
-            s.wall_seconds,
-            s.concurrency,
-            s.concurrency_source
+        report(&a.out, &s, &ds, &outcome)
+    })
+}
+
+/// Writes summary.json, report.md and report.html into `out`, prints the table and the totals;
+/// an error when every answer failed.
+fn report(
+    out: &std::path::Path,
+    s: &abserve_eval::Summary,
+    ds: &Dataset,
+    outcome: &abserve_eval::Outcome,
+) -> anyhow::Result<()> {
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(s)?)
+        .context("writing summary.json")?;
+    std::fs::write(out.join("report.md"), abserve_eval::report_md(s))
+        .context("writing report.md")?;
+    let html = abserve_eval::report_html(s, ds, &outcome.results, &outcome.judgments)?;
+    std::fs::write(out.join("report.html"), html).context("writing report.html")?;
+    println!("{}", table(s));
+    if let Some(w) = abserve_eval::judge_warning(s) {
+        println!("judge: {w}");
+    }
+    let answered: usize = s.variants.iter().map(|v| v.answered).sum();
+    let failed: usize = s.variants.iter().map(|v| v.errors).sum();
+    println!(
+        "{answered} answers ({} asked now, {} from an earlier run), {failed} failed; {} tokens; this run took {:.1} s at {} concurrent ({})",
+        outcome.generated_now,
+        outcome.skipped_done,
+        s.generated_tokens,
+        s.wall_seconds,
+        s.concurrency,
+        s.concurrency_source
+    );
+    println!(
+        "report: {}  (also summary.json, report.md, results.jsonl)",
+        out.join("report.html").display()
+    );
+    if answered == 0 {
+        anyhow::bail!(
+            "every answer failed; first error: {}",
+            s.errors.first().map(String::as_str).unwrap_or("unknown")
         );
-        println!("report: {}  (also summary.json, report.md, results.jsonl)", out.join("report.html").display());
-        if answered == 0 {
-            anyhow::bail!("every answer failed; first error: {}", s.errors.first().map(String::as_str).unwrap_or("unknown"));
+    }
+    Ok(())
+}
+
+/// Where the answers come from: a URL, workers of a queue, or an engine in this process.
+async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
+    Ok(match (&a.url, &a.amqp) {
+        (Some(url), _) => Source::Target(Arc::new(Target::Http(
+            Http::connect(url, key, a.remote_model.clone()).await?,
+        ))),
+        (None, Some(amqp)) => Source::Queue(QueueSpec {
+            amqp: amqp.clone(),
+            queue: a.queue.clone(),
+            prefetch: 64,
+        }),
+        (None, None) => {
+            let engine_cfg = a.model.engine_config()?;
+            let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
+            Source::Target(Arc::new(Target::Engine(Arc::new(engine))))
         }
-        Ok(())
     })
 }

@@ -79,7 +79,6 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
 pub fn table(r: &abserve_ab::Results) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let pct = |x: f64| x * 100.0;
     let _ = writeln!(
         out,
         "experiment {} (control: {}); {:.0}% intervals; sequential tuning {} units; {} comparisons",
@@ -109,55 +108,62 @@ pub fn table(r: &abserve_ab::Results) -> String {
             v.id, v.weight, v.units, v.exposures
         );
         for (m, res) in &v.metrics {
-            let s = &res.summary;
-            let ratio = res
-                .ratio
-                .as_ref()
-                .map(|q| format!("  ({} / {})", q.numerator, q.denominator))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  {m:<18} n {:>6}  mean {:>11.4}  sd {:>10.4}  CI [{:.4}, {:.4}]{ratio}",
-                s.n, s.mean, s.sd, s.ci_low, s.ci_high
-            );
-            if let Some(c) = &res.vs_control {
-                let _ = writeln!(
-                    out,
-                    "    fixed horizon   diff {:+.4} ({:+.2}%)  CI [{:.4}, {:.4}]  p {:.4}",
-                    c.diff,
-                    pct(c.relative_lift),
-                    c.ci_low,
-                    c.ci_high,
-                    c.p_value
-                );
-            }
-            if let Some(q) = &res.sequential {
-                let _ = writeln!(
-                    out,
-                    "    sequential      diff {:+.4}  CS [{:.4}, {:.4}]  always-valid p {:.4}",
-                    q.diff, q.ci_low, q.ci_high, q.p_value
-                );
-            }
-            if let Some(b) = &res.bayesian {
-                let _ = writeln!(
-                    out,
-                    "    bayesian        P(beat control) {:.1}%  uplift {:+.2}% [{:+.2}%, {:+.2}%]  risk: control {:.4}%, this {:.4}%",
-                    pct(b.chance_to_beat_control),
-                    pct(b.uplift),
-                    pct(b.ci_low),
-                    pct(b.ci_high),
-                    pct(b.risk_control),
-                    pct(b.risk_treatment)
-                );
-            }
-            if let Some(a) = &res.adjusted {
-                let _ = writeln!(
-                    out,
-                    "    adjusted        Holm p {:.4}  BH p {:.4}  sequential Holm p {:.4}",
-                    a.holm, a.bh, a.sequential_holm
-                );
-            }
+            metric_lines(&mut out, m, res);
         }
     }
     out
+}
+
+/// One variant's lines for metric `m`: its summary, then against control whatever was computed.
+fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
+    use std::fmt::Write;
+    let pct = |x: f64| x * 100.0;
+    let s = &res.summary;
+    let ratio = res
+        .ratio
+        .as_ref()
+        .map(|q| format!("  ({} / {})", q.numerator, q.denominator))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  {m:<18} n {:>6}  mean {:>11.4}  sd {:>10.4}  CI [{:.4}, {:.4}]{ratio}",
+        s.n, s.mean, s.sd, s.ci_low, s.ci_high
+    );
+    if let Some(c) = &res.vs_control {
+        let _ = writeln!(
+            out,
+            "    fixed horizon   diff {:+.4} ({:+.2}%)  CI [{:.4}, {:.4}]  p {:.4}",
+            c.diff,
+            pct(c.relative_lift),
+            c.ci_low,
+            c.ci_high,
+            c.p_value
+        );
+    }
+    if let Some(q) = &res.sequential {
+        let _ = writeln!(
+            out,
+            "    sequential      diff {:+.4}  CS [{:.4}, {:.4}]  always-valid p {:.4}",
+            q.diff, q.ci_low, q.ci_high, q.p_value
+        );
+    }
+    if let Some(b) = &res.bayesian {
+        let _ = writeln!(
+                out,
+                "    bayesian        P(beat control) {:.1}%  uplift {:+.2}% [{:+.2}%, {:+.2}%]  risk: control {:.4}%, this {:.4}%",
+                pct(b.chance_to_beat_control),
+                pct(b.uplift),
+                pct(b.ci_low),
+                pct(b.ci_high),
+                pct(b.risk_control),
+                pct(b.risk_treatment)
+            );
+    }
+    if let Some(a) = &res.adjusted {
+        let _ = writeln!(
+            out,
+            "    adjusted        Holm p {:.4}  BH p {:.4}  sequential Holm p {:.4}",
+            a.holm, a.bh, a.sequential_holm
+        );
+    }
 }

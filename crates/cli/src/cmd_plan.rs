@@ -90,9 +90,8 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
     }))
 }
 
-pub fn run(a: PlanArgs) -> anyhow::Result<()> {
-    let mut cfg = a.model.engine_config()?;
-    // no GPU here: a device of --device-memory bytes answers "what if"
+/// No GPU here: a device of `--device-memory` bytes answers "what if".
+fn what_if_device(a: &PlanArgs, cfg: &mut abserve_engine::EngineConfig) -> anyhow::Result<()> {
     if cfg.device.is_none() && a.model.gpu_layers != Some(abserve_engine::GpuLayers::Count(0)) {
         match a.model.device_memory {
             Some(Budget::Bytes(b)) => {
@@ -105,21 +104,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             None => {}
         }
     }
-    let (plan, source) = match a.weights_bytes {
-        Some(w) => (hypothetical(&a, &cfg, w)?, "hypothetical".to_string()),
-        None => {
-            let (_, plan) = cfg.plan()?;
-            (plan, cfg.model.display().to_string())
-        }
-    };
-    if a.json {
-        let mut v = serde_json::to_value(&plan)?;
-        v["model"] = serde_json::Value::String(source);
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The plan's lines about the model and host memory, as (label, value).
+fn host_rows(plan: &MemoryPlan, source: String) -> Vec<(&'static str, String)> {
     let s = &plan.shape;
-    let rows: Vec<(&str, String)> = vec![
+    vec![
         ("model", source),
         (
             "shape",
@@ -183,7 +174,26 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ),
         ("model copies that fit", plan.copies_that_fit.to_string()),
         ("fits", if plan.fits { "yes".into() } else { "NO".into() }),
-    ];
+    ]
+}
+
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let mut cfg = a.model.engine_config()?;
+    what_if_device(&a, &mut cfg)?;
+    let (plan, source) = match a.weights_bytes {
+        Some(w) => (hypothetical(&a, &cfg, w)?, "hypothetical".to_string()),
+        None => {
+            let (_, plan) = cfg.plan()?;
+            (plan, cfg.model.display().to_string())
+        }
+    };
+    if a.json {
+        let mut v = serde_json::to_value(&plan)?;
+        v["model"] = serde_json::Value::String(source);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows = host_rows(&plan, source);
     for (k, v) in rows.into_iter().chain(device_rows(&plan)) {
         println!("{k:<26} {v}");
     }

@@ -256,6 +256,56 @@ fn variant_summary(
     }
 }
 
+/// A judged scorer: the sign test of the variant's wins over control's, with a normal
+/// approximation of the win rate's interval among decided pairs.
+fn preference(base: Comparison, judgments: &Keyed<Judgment>, id: &str) -> Comparison {
+    let (w, l, t) = tally(judgments, id);
+    let st = sign_test(w, l, t);
+    let n = (w + l) as f64;
+    let half = if n > 0.0 {
+        1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt()
+    } else {
+        f64::NAN
+    };
+    Comparison {
+        test: "sign".into(),
+        pairs: (w + l + t) as usize,
+        diff: st.win_rate - 0.5,
+        ci_low: st.win_rate - half - 0.5,
+        ci_high: st.win_rate + half - 0.5,
+        p_value: st.p_value,
+        wins: Some(w),
+        losses: Some(l),
+        ties: Some(t),
+        win_rate: Some(st.win_rate),
+        ..base
+    }
+}
+
+/// Control's and the variant's scores of `s` on every row both answered and both were scored.
+fn paired_scores(
+    s: &Scorer,
+    ds: &Dataset,
+    results: &Keyed<ResultRow>,
+    id: &str,
+    control: &str,
+) -> (Vec<f64>, Vec<f64>) {
+    let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
+    let (mut c, mut t) = (Vec::new(), Vec::new());
+    for row in &ds.rows {
+        let (Some(a), Some(b)) = (get(&row.id, control), get(&row.id, id)) else {
+            continue;
+        };
+        if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
+            if a.ok() && b.ok() {
+                c.push(*x);
+                t.push(*y);
+            }
+        }
+    }
+    (c, t)
+}
+
 /// Variant `id` against control on one scorer: a sign test of the judge's verdicts, McNemar
 /// for binary scores, a paired t-test otherwise (pairs: rows both answered).
 fn compare(
@@ -283,42 +333,9 @@ fn compare(
         win_rate: None,
     };
     if s.score_type() == ScoreType::Preference {
-        let (w, l, t) = tally(judgments, id);
-        let st = sign_test(w, l, t);
-        // simple CI of the win rate among decided pairs (normal approximation)
-        let n = (w + l) as f64;
-        let half = if n > 0.0 {
-            1.96 * (st.win_rate * (1.0 - st.win_rate) / n).sqrt()
-        } else {
-            f64::NAN
-        };
-        return Comparison {
-            test: "sign".into(),
-            pairs: (w + l + t) as usize,
-            diff: st.win_rate - 0.5,
-            ci_low: st.win_rate - half - 0.5,
-            ci_high: st.win_rate + half - 0.5,
-            p_value: st.p_value,
-            wins: Some(w),
-            losses: Some(l),
-            ties: Some(t),
-            win_rate: Some(st.win_rate),
-            ..base
-        };
+        return preference(base, judgments, id);
     }
-    let get = |row: &str, v: &str| results.get(&(row.to_string(), v.to_string()));
-    let (mut c, mut t) = (Vec::new(), Vec::new());
-    for row in &ds.rows {
-        let (Some(a), Some(b)) = (get(&row.id, control), get(&row.id, id)) else {
-            continue;
-        };
-        if let (Some(x), Some(y)) = (a.scores.get(&s.name), b.scores.get(&s.name)) {
-            if a.ok() && b.ok() {
-                c.push(*x);
-                t.push(*y);
-            }
-        }
-    }
+    let (c, t) = paired_scores(s, ds, results, id, control);
     let pt = paired_t(&c, &t);
     let n = c.len();
     let mean_diff = if n > 0 {

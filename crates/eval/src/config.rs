@@ -202,6 +202,59 @@ impl ScorerDef {
         Some(format!("'{f}' does not apply to a {} scorer", self.kind))
     }
 
+    /// A `json_schema` scorer: its schema inline or from a file beside the config, checked.
+    fn json_schema_kind(&self, base_dir: &Path) -> Result<ScorerKind, String> {
+        let schema: serde_json::Value = match (&self.schema, &self.schema_file) {
+            (Some(s), None) => serde_json::to_value(s).map_err(|e| e.to_string())?,
+            (None, Some(f)) => {
+                let path = base_dir.join(f);
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                serde_json::from_str(&text)
+                    .map_err(|e| format!("{} is not JSON: {e}", path.display()))?
+            }
+            _ => return Err("give exactly one of schema or schema_file".into()),
+        };
+        jsonschema::validator_for(&schema).map_err(|e| format!("invalid JSON schema: {e}"))?;
+        Ok(ScorerKind::JsonSchema { schema })
+    }
+
+    /// A `length` scorer: its unit and an optional maximum ≥ 0.
+    fn length_kind(&self) -> Result<ScorerKind, String> {
+        let unit = match self.unit.as_deref().unwrap_or("words") {
+            "chars" => LengthUnit::Chars,
+            "words" => LengthUnit::Words,
+            "tokens" => LengthUnit::Tokens,
+            u => return Err(format!("unit '{u}' must be chars, words or tokens")),
+        };
+        if let Some(m) = self.max {
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(format!("max {m} must be a number ≥ 0"));
+            }
+        }
+        Ok(ScorerKind::Length {
+            unit,
+            max: self.max,
+        })
+    }
+
+    /// A `command` scorer: a program with its arguments and a positive timeout (default 10 s).
+    fn command_kind(&self) -> Result<ScorerKind, String> {
+        let argv = self
+            .command
+            .clone()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| "needs command = [\"program\", \"arg\", ...]".to_string())?;
+        let t = self.timeout.unwrap_or(10.0);
+        if !(t.is_finite() && t > 0.0) {
+            return Err(format!("timeout {t} must be a positive number of seconds"));
+        }
+        Ok(ScorerKind::Command {
+            argv,
+            timeout: std::time::Duration::from_secs_f64(t),
+        })
+    }
+
     pub fn build(&self, base_dir: &Path) -> Result<Scorer, EvalError> {
         let name = self.name.clone().unwrap_or_else(|| self.kind.clone());
         let at = |m: String| EvalError::Config(format!("scorer '{name}': {m}"));
@@ -235,57 +288,10 @@ impl ScorerDef {
                 }
             }
             "json_valid" => ScorerKind::JsonValid,
-            "json_schema" => {
-                let schema: serde_json::Value = match (&self.schema, &self.schema_file) {
-                    (Some(s), None) => serde_json::to_value(s).map_err(|e| at(e.to_string()))?,
-                    (None, Some(f)) => {
-                        let path = base_dir.join(f);
-                        let text = std::fs::read_to_string(&path)
-                            .map_err(|e| at(format!("cannot read {}: {e}", path.display())))?;
-                        serde_json::from_str(&text)
-                            .map_err(|e| at(format!("{} is not JSON: {e}", path.display())))?
-                    }
-                    _ => return Err(at("give exactly one of schema or schema_file".into())),
-                };
-                jsonschema::validator_for(&schema)
-                    .map_err(|e| at(format!("invalid JSON schema: {e}")))?;
-                ScorerKind::JsonSchema { schema }
-            }
-            "length" => {
-                let unit = match self.unit.as_deref().unwrap_or("words") {
-                    "chars" => LengthUnit::Chars,
-                    "words" => LengthUnit::Words,
-                    "tokens" => LengthUnit::Tokens,
-                    u => return Err(at(format!("unit '{u}' must be chars, words or tokens"))),
-                };
-                if let Some(m) = self.max {
-                    if !(m.is_finite() && m >= 0.0) {
-                        return Err(at(format!("max {m} must be a number ≥ 0")));
-                    }
-                }
-                ScorerKind::Length {
-                    unit,
-                    max: self.max,
-                }
-            }
+            "json_schema" => self.json_schema_kind(base_dir).map_err(at)?,
+            "length" => self.length_kind().map_err(at)?,
             "latency" => ScorerKind::Latency,
-            "command" => {
-                let argv = self
-                    .command
-                    .clone()
-                    .filter(|c| !c.is_empty())
-                    .ok_or_else(|| at("needs command = [\"program\", \"arg\", ...]".into()))?;
-                let t = self.timeout.unwrap_or(10.0);
-                if !(t.is_finite() && t > 0.0) {
-                    return Err(at(format!(
-                        "timeout {t} must be a positive number of seconds"
-                    )));
-                }
-                ScorerKind::Command {
-                    argv,
-                    timeout: std::time::Duration::from_secs_f64(t),
-                }
-            }
+            "command" => self.command_kind().map_err(at)?,
             "judge" => {
                 let prompt = self
                     .prompt

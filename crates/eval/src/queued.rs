@@ -53,21 +53,7 @@ pub(crate) async fn generate(
     let queues = Queues::new(&q.queue);
     let declared = queues.declare(&ch).await?;
     let results = queues.results(&run);
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    // the results of a run whose eval was killed are dropped by the broker a day after its
-    // last consumer left (a rerun of the eval resumes from results.jsonl with a new run)
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-expires".into(),
-        lapin::types::AMQPValue::LongInt(RESULTS_EXPIRE_MS),
-    );
-    ch.queue_declare(&results, durable, args)
-        .await
-        .map_err(amqp("declaring the results queue"))?;
-    queues.bind_dead_letters(&ch, &results, &run).await?;
+    declare_results(&ch, &queues, &results, &run).await?;
 
     let mut pending: BTreeMap<String, (&Row, &Variant)> = BTreeMap::new();
     let mut confirms = Vec::new();
@@ -88,22 +74,7 @@ pub(crate) async fn generate(
             variant: v.id.clone(),
             call,
         };
-        let body = serde_json::to_vec(&job)
-            .map_err(|e| EvalError::Queue(format!("encoding a job: {e}")))?;
-        let mut headers = FieldTable::default();
-        headers.insert(
-            queue::RUN.into(),
-            AMQPValue::LongString(run.as_str().into()),
-        );
-        let props = queue::persistent()
-            .with_reply_to(results.as_str().into())
-            .with_message_id(job.id.as_str().into())
-            .with_headers(headers);
-        confirms.push(
-            ch.basic_publish("", &queues.jobs, Default::default(), &body, props)
-                .await
-                .map_err(amqp("publishing a job"))?,
-        );
+        confirms.push(publish(&ch, &queues, &results, &job).await?);
         pending.insert(job.id, (row, v));
     }
     for c in confirms {
@@ -143,6 +114,56 @@ pub(crate) async fn generate(
         ),
         abserve: false,
     })
+}
+
+/// The results queue of run `run` (expiring a day after its last consumer left: a rerun of a
+/// killed eval resumes from results.jsonl with a new run), with the run's dead letters routed
+/// to it too.
+async fn declare_results(
+    ch: &lapin::Channel,
+    queues: &Queues,
+    results: &str,
+    run: &str,
+) -> Result<(), EvalError> {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-expires".into(),
+        lapin::types::AMQPValue::LongInt(RESULTS_EXPIRE_MS),
+    );
+    ch.queue_declare(results, durable, args)
+        .await
+        .map_err(amqp("declaring the results queue"))?;
+    queues.bind_dead_letters(ch, results, run).await?;
+    Ok(())
+}
+
+/// Publishes one job (persistent, its run in a header, replies to `results`); the confirm is
+/// awaited by the caller.
+async fn publish(
+    ch: &lapin::Channel,
+    queues: &Queues,
+    results: &str,
+    job: &Job,
+) -> Result<lapin::publisher_confirm::PublisherConfirm, EvalError> {
+    let body =
+        serde_json::to_vec(job).map_err(|e| EvalError::Queue(format!("encoding a job: {e}")))?;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        queue::RUN.into(),
+        AMQPValue::LongString(job.run.as_str().into()),
+    );
+    let props = queue::persistent()
+        .with_reply_to(results.into())
+        .with_message_id(job.id.as_str().into())
+        .with_headers(headers);
+    Ok(ch
+        .basic_publish("", &queues.jobs, Default::default(), &body, props)
+        .await
+        .map_err(amqp("publishing a job"))?)
 }
 
 /// Consumes the run's results until every pending job has one; says what it waits for when

@@ -235,12 +235,14 @@ struct TableRow {
     any_fail: bool,
 }
 
-pub fn render(
+/// One table row per dataset row: every variant's answer, scores (binary ones pass or fail),
+/// verdict and latency.
+fn table_rows(
     s: &Summary,
     ds: &Dataset,
     results: &BTreeMap<(String, String), ResultRow>,
     judgments: &BTreeMap<(String, String), Judgment>,
-) -> Result<String, EvalError> {
+) -> Vec<TableRow> {
     let binary: Vec<&str> = s
         .scorers
         .iter()
@@ -289,6 +291,16 @@ pub fn render(
             any_fail,
         });
     }
+    rows
+}
+
+pub fn render(
+    s: &Summary,
+    ds: &Dataset,
+    results: &BTreeMap<(String, String), ResultRow>,
+    judgments: &BTreeMap<(String, String), Judgment>,
+) -> Result<String, EvalError> {
+    let rows = table_rows(s, ds, results, judgments);
     let mut env = Environment::new();
     env.add_template("report.html", TEMPLATE)
         .map_err(|e| EvalError::Report(e.to_string()))?;

@@ -17,6 +17,28 @@ pub fn render(s: &Summary) -> String {
         s.wall_seconds,
         s.peak_memory_bytes.map(|b| format!("; peak memory {}", abserve_engine::plan::human_bytes(b))).unwrap_or_default()
     ));
+    variants_table(s, &mut o);
+    comparisons_table(s, &mut o);
+    if let Some(w) = crate::analysis::judge_warning(s) {
+        o.push_str(&format!("\n> **Judge:** {w}\n"));
+    }
+    if !s.skipped_rows.is_empty() {
+        o.push_str("\n## Dataset rows left out\n\n");
+        for b in &s.skipped_rows {
+            o.push_str(&format!("- line {}: {}\n", b.line, b.reason));
+        }
+    }
+    if !s.errors.is_empty() {
+        o.push_str(&format!("\n## Errors ({})\n\n", s.errors.len()));
+        for e in s.errors.iter().take(50) {
+            o.push_str(&format!("- {e}\n"));
+        }
+    }
+    o
+}
+
+/// The variants: answers, errors, latencies, tokens and each plain scorer's mean with its CI.
+fn variants_table(s: &Summary, o: &mut String) {
     o.push_str("## Variants\n\n| variant | answered | errors | latency p50 (ms) | latency p95 (ms) | TTFT p50 (ms) | mean tokens |");
     let plain: Vec<_> = s
         .scorers
@@ -54,6 +76,10 @@ pub fn render(s: &Summary) -> String {
         }
         o.push('\n');
     }
+}
+
+/// Each variant against control, paired on the same rows: test, pairs, difference, p-value.
+fn comparisons_table(s: &Summary, o: &mut String) {
     o.push_str(&format!(
         "\n## Against control ({}), paired on the same rows\n\n",
         s.control
@@ -91,20 +117,4 @@ pub fn render(s: &Summary) -> String {
             better
         ));
     }
-    if let Some(w) = crate::analysis::judge_warning(s) {
-        o.push_str(&format!("\n> **Judge:** {w}\n"));
-    }
-    if !s.skipped_rows.is_empty() {
-        o.push_str("\n## Dataset rows left out\n\n");
-        for b in &s.skipped_rows {
-            o.push_str(&format!("- line {}: {}\n", b.line, b.reason));
-        }
-    }
-    if !s.errors.is_empty() {
-        o.push_str(&format!("\n## Errors ({})\n\n", s.errors.len()));
-        for e in s.errors.iter().take(50) {
-            o.push_str(&format!("- {e}\n"));
-        }
-    }
-    o
 }

@@ -141,6 +141,89 @@ pub(crate) struct Counters {
     pub tokens: AtomicU64,
 }
 
+/// The (row, variant) pairs without an answer yet, and how many have one.
+fn unanswered<'a>(
+    cfg: &'a EvalConfig,
+    ds: &'a Dataset,
+    results: &BTreeMap<(String, String), ResultRow>,
+) -> (Vec<(&'a Row, &'a Variant)>, u64) {
+    let mut jobs = Vec::new();
+    let mut done = 0;
+    for row in &ds.rows {
+        for v in &cfg.experiment.variants {
+            match results.get(&(row.id.clone(), v.id.clone())) {
+                Some(r) if r.ok() => done += 1,
+                _ => jobs.push((row, v)),
+            }
+        }
+    }
+    (jobs, done)
+}
+
+/// What the progress line reads while answers come in.
+struct Live {
+    progress: Arc<Progress>,
+    counters: Arc<Counters>,
+    peak: Arc<AtomicU64>,
+}
+
+impl Live {
+    fn ticker(&self, target: Option<Arc<Target>>, memory: bool) -> tokio::task::JoinHandle<()> {
+        spawn_ticker(
+            self.progress.clone(),
+            target,
+            memory,
+            self.counters.clone(),
+            self.peak.clone(),
+        )
+    }
+}
+
+/// Asks `target` for every job, as many at once as its capacity, handing each answer to `keep`.
+async fn ask_all(
+    cfg: &EvalConfig,
+    jobs: Vec<(&Row, &Variant)>,
+    target: &Arc<Target>,
+    opts: &Options,
+    live: &Live,
+    keep: &mut impl FnMut(ResultRow) -> Result<(), EvalError>,
+) -> Result<Capacity, EvalError> {
+    let capacity = capacity(target, opts).await;
+    let ticker = live.ticker(Some(target.clone()), capacity.abserve);
+    let mut stream = futures::stream::iter(jobs)
+        .map(|(row, v)| {
+            let target = target.clone();
+            async move { generate(cfg, v, row, &target, opts.max_overloaded).await }
+        })
+        .buffer_unordered(capacity.concurrency);
+    while let Some(r) = stream.next().await {
+        keep(r)?;
+    }
+    drop(stream);
+    ticker.abort();
+    Ok(capacity)
+}
+
+/// The judge's verdicts on every pair, when the experiment has a judge.
+async fn judge_all(
+    cfg: &EvalConfig,
+    ds: &Dataset,
+    results: &BTreeMap<(String, String), ResultRow>,
+    judge_target: Option<Arc<Target>>,
+    concurrency: usize,
+    opts: &Options,
+) -> Result<BTreeMap<(String, String), Judgment>, EvalError> {
+    let Some(s) = cfg.judge() else {
+        return Ok(BTreeMap::new());
+    };
+    let (ScorerKind::Judge { prompt, seed, .. }, Some(jt)) = (&s.kind, judge_target) else {
+        return Err(EvalError::Config(
+            "the judge scorer has no target to ask".into(),
+        ));
+    };
+    judge_pairs(cfg, ds, results, jt, prompt, *seed, concurrency, opts).await
+}
+
 /// Runs what is not done yet and returns everything done, old and new.
 pub async fn run(
     cfg: &EvalConfig,
@@ -164,16 +247,7 @@ pub async fn run(
 
     rescore(cfg, &rows, &mut results, &log).await?;
 
-    let mut jobs = Vec::new();
-    let mut skipped_done = 0;
-    for row in &ds.rows {
-        for v in &cfg.experiment.variants {
-            match results.get(&(row.id.clone(), v.id.clone())) {
-                Some(r) if r.ok() => skipped_done += 1,
-                _ => jobs.push((row, v)),
-            }
-        }
-    }
+    let (jobs, skipped_done) = unanswered(cfg, ds, &results);
     let total = jobs.len() as u64;
     if skipped_done > 0 {
         eprintln!(
@@ -185,41 +259,17 @@ pub async fn run(
     let peak = Arc::new(AtomicU64::new(0));
     let progress = Arc::new(Progress::new("generate", total));
     let mut errors: Vec<String> = Vec::new();
+    let live = Live {
+        progress: progress.clone(),
+        counters: counters.clone(),
+        peak: peak.clone(),
+    };
+    let mut keep_one = |r| keep(r, &log, &counters, &mut errors, &mut results);
     let capacity = match &source {
-        Source::Target(target) => {
-            let capacity = capacity(target, opts).await;
-            let ticker = spawn_ticker(
-                progress.clone(),
-                Some(target.clone()),
-                capacity.abserve,
-                counters.clone(),
-                peak.clone(),
-            );
-            let mut stream = futures::stream::iter(jobs)
-                .map(|(row, v)| {
-                    let target = target.clone();
-                    async move { generate(cfg, v, row, &target, opts.max_overloaded).await }
-                })
-                .buffer_unordered(capacity.concurrency);
-            while let Some(r) = stream.next().await {
-                keep(r, &log, &counters, &mut errors, &mut results)?;
-            }
-            drop(stream);
-            ticker.abort();
-            capacity
-        }
+        Source::Target(target) => ask_all(cfg, jobs, target, opts, &live, &mut keep_one).await?,
         Source::Queue(q) => {
-            let ticker = spawn_ticker(
-                progress.clone(),
-                None,
-                false,
-                counters.clone(),
-                peak.clone(),
-            );
-            let capacity = crate::queued::generate(cfg, jobs, q, |r| {
-                keep(r, &log, &counters, &mut errors, &mut results)
-            })
-            .await;
+            let ticker = live.ticker(None, false);
+            let capacity = crate::queued::generate(cfg, jobs, q, keep_one).await;
             ticker.abort();
             capacity?
         }
@@ -234,26 +284,7 @@ pub async fn run(
     let generated_now = total;
     results.retain(|(row, v), _| rows.contains_key(row.as_str()) && variants.contains(v.as_str()));
 
-    let judgments = match cfg.judge() {
-        Some(s) => {
-            let ScorerKind::Judge { prompt, seed, .. } = &s.kind else {
-                unreachable!()
-            };
-            let jt = judge_target.expect("a judge target was chosen above");
-            judge_pairs(
-                cfg,
-                ds,
-                &results,
-                jt,
-                prompt,
-                *seed,
-                capacity.concurrency,
-                opts,
-            )
-            .await?
-        }
-        None => BTreeMap::new(),
-    };
+    let judgments = judge_all(cfg, ds, &results, judge_target, capacity.concurrency, opts).await?;
     let peak = peak.load(Ordering::Relaxed);
     Ok(Outcome {
         results,
@@ -376,33 +407,36 @@ fn spawn_ticker(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn judge_pairs(
+/// One variant's answer beside control's on a row, for the judge.
+struct Pair<'a> {
+    row: &'a Row,
+    variant: String,
+    control: String,
+    control_out: String,
+    variant_out: String,
+}
+
+/// The pairs still to judge: every row where control and a variant both answered and no
+/// verdict is stored yet; (row, variant, control's output, the variant's output).
+fn unjudged<'a>(
     cfg: &EvalConfig,
-    ds: &Dataset,
+    ds: &'a Dataset,
     results: &BTreeMap<(String, String), ResultRow>,
-    target: Arc<Target>,
-    prompt: &str,
-    seed: u64,
-    concurrency: usize,
-    opts: &Options,
-) -> Result<BTreeMap<(String, String), Judgment>, EvalError> {
-    let (log, old) = Log::open::<Judgment>(&opts.out.join("judgments.jsonl"))?;
-    let mut judged = latest_judgments(old);
-    let control = cfg.control().to_string();
+    judged: &BTreeMap<(String, String), Judgment>,
+    control: &str,
+) -> Vec<(&'a Row, String, String, String)> {
     let mut pairs = Vec::new();
-    for row in &ds.rows {
-        let Some(c) = results
-            .get(&(row.id.clone(), control.clone()))
+    let ok = |row: &str, v: &str| {
+        results
+            .get(&(row.to_string(), v.to_string()))
             .filter(|r| r.ok())
-        else {
+    };
+    for row in &ds.rows {
+        let Some(c) = ok(&row.id, control) else {
             continue;
         };
         for v in cfg.experiment.variants.iter().filter(|v| v.id != control) {
-            let Some(t) = results
-                .get(&(row.id.clone(), v.id.clone()))
-                .filter(|r| r.ok())
-            else {
+            let Some(t) = ok(&row.id, &v.id) else {
                 continue;
             };
             if judged
@@ -419,6 +453,60 @@ async fn judge_pairs(
             ));
         }
     }
+    pairs
+}
+
+/// The judge's verdict on one pair, shown in the seeded order of the row and variant.
+async fn judge_one(
+    target: &Target,
+    prompt: &str,
+    seed: u64,
+    p: Pair<'_>,
+    max_overloaded: u32,
+) -> Judgment {
+    let first = judge::variant_first(seed, &p.row.id, &p.variant);
+    let (a, b) = if first {
+        (&p.variant_out, &p.control_out)
+    } else {
+        (&p.control_out, &p.variant_out)
+    };
+    let mut j = Judgment {
+        row: p.row.id.clone(),
+        variant: p.variant,
+        control: p.control,
+        variant_position: if first { "A" } else { "B" }.into(),
+        reply: None,
+        verdict: None,
+        error: None,
+    };
+    match judge::question(prompt, p.row, a, b) {
+        Ok(call) => match ask(target, &call, max_overloaded).await.0 {
+            Ok(g) => {
+                j.verdict = Some(judge::verdict(&g.text, first));
+                j.reply = Some(g.text);
+            }
+            Err(e) => j.error = Some(e.to_string()),
+        },
+        Err(e) => j.error = Some(e.to_string()),
+    }
+    j
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn judge_pairs(
+    cfg: &EvalConfig,
+    ds: &Dataset,
+    results: &BTreeMap<(String, String), ResultRow>,
+    target: Arc<Target>,
+    prompt: &str,
+    seed: u64,
+    concurrency: usize,
+    opts: &Options,
+) -> Result<BTreeMap<(String, String), Judgment>, EvalError> {
+    let (log, old) = Log::open::<Judgment>(&opts.out.join("judgments.jsonl"))?;
+    let mut judged = latest_judgments(old);
+    let control = cfg.control().to_string();
+    let pairs = unjudged(cfg, ds, results, &judged, &control);
     let progress = Progress::new("judge", pairs.len() as u64);
     let mut n = 0;
     let mut stream = futures::stream::iter(pairs)
@@ -426,32 +514,14 @@ async fn judge_pairs(
             let target = target.clone();
             let control = control.clone();
             async move {
-                let first = judge::variant_first(seed, &row.id, &variant);
-                let (a, b) = if first {
-                    (&variant_out, &control_out)
-                } else {
-                    (&control_out, &variant_out)
-                };
-                let mut j = Judgment {
-                    row: row.id.clone(),
+                let pair = Pair {
+                    row,
                     variant,
                     control,
-                    variant_position: if first { "A" } else { "B" }.into(),
-                    reply: None,
-                    verdict: None,
-                    error: None,
+                    control_out,
+                    variant_out,
                 };
-                match judge::question(prompt, row, a, b) {
-                    Ok(call) => match ask(&target, &call, opts.max_overloaded).await.0 {
-                        Ok(g) => {
-                            j.verdict = Some(judge::verdict(&g.text, first));
-                            j.reply = Some(g.text);
-                        }
-                        Err(e) => j.error = Some(e.to_string()),
-                    },
-                    Err(e) => j.error = Some(e.to_string()),
-                }
-                j
+                judge_one(&target, prompt, seed, pair, opts.max_overloaded).await
             }
         })
         .buffer_unordered(concurrency);

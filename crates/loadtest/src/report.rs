@@ -153,35 +153,7 @@ impl Report {
         let ok: Vec<&Record> = records.iter().filter(|r| r.class == Class::Ok).collect();
         let generated: u64 = ok.iter().map(|r| r.completion_tokens).sum();
         let secs = f.load_seconds.max(1e-9);
-        let server = match (&before, &after) {
-            (Some(b), Some(a)) => {
-                let d = |k: &str| a.or_zero(k) - b.or_zero(k);
-                let mut s = BTreeMap::new();
-                let chat = |status: &str| {
-                    format!(
-                        "{}{{endpoint=\"chat_completions\",status=\"{status}\"}}",
-                        names::REQUESTS
-                    )
-                };
-                let rejected =
-                    |reason: &str| format!("{}{{reason=\"{reason}\"}}", names::REJECTIONS);
-                for (name, key) in [
-                    ("chat_200", chat("200")),
-                    ("chat_429", chat("429")),
-                    ("chat_500", chat("500")),
-                    ("chat_503", chat("503")),
-                    ("generated_tokens", names::GENERATED_TOKENS.to_string()),
-                    ("prompt_tokens", names::PROMPT_TOKENS.to_string()),
-                    ("preemptions", names::PREEMPTIONS.to_string()),
-                    ("rejected_queue_full", rejected("queue_full")),
-                    ("rejected_queue_timeout", rejected("queue_timeout")),
-                ] {
-                    s.insert(name.to_string(), d(&key));
-                }
-                Some(s)
-            }
-            _ => None,
-        };
+        let server = server_counts(before.as_ref(), after.as_ref());
         let memory = after.as_ref().map(|a| Memory::from_run(a, samples));
         Report {
             target: f.target,
@@ -254,7 +226,6 @@ impl Report {
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
         t.set_header(vec!["", "value"]);
-        let mb = |b: f64| format!("{:.1} MB", b / 1e6);
         let p = |x: &Percentiles| {
             format!(
                 "p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}  (n={})",
@@ -291,38 +262,7 @@ impl Report {
             t.add_row(vec!["inter-token ms".into(), p(&self.inter_token_ms)]);
         }
         if let Some(m) = &self.memory {
-            t.add_row(vec![
-                "memory".into(),
-                format!(
-                    "peak {} (server high-water {}), final {}; plan {}, budget {}",
-                    mb(m.peak_rss_bytes),
-                    m.peak_rss_server_bytes.map(mb).unwrap_or("?".into()),
-                    mb(m.final_rss_bytes),
-                    m.planned_bytes.map(mb).unwrap_or("?".into()),
-                    m.budget_bytes.map(mb).unwrap_or("?".into())
-                ),
-            ]);
-            t.add_row(vec![
-                "KV cells".into(),
-                format!(
-                    "peak {:.0}, final {:.0} of {}",
-                    m.peak_kv_cells,
-                    m.final_kv_cells,
-                    m.kv_cells_total
-                        .map(|k| format!("{k:.0}"))
-                        .unwrap_or("?".into())
-                ),
-            ]);
-            if let (Some(peak), Some(budget)) = (m.peak_device_bytes, m.device_budget_bytes) {
-                t.add_row(vec![
-                    "device memory".into(),
-                    format!(
-                        "peak used by abserve {}, device budget {}",
-                        mb(peak),
-                        mb(budget)
-                    ),
-                ]);
-            }
+            memory_rows(&mut t, m);
         }
         if let Some(s) = &self.server {
             t.add_row(vec![
@@ -335,6 +275,75 @@ impl Report {
             ]);
         }
         t.to_string()
+    }
+}
+
+/// What the server counted during the run (the difference of its `/metrics` after and before),
+/// when both were scraped.
+fn server_counts(
+    before: Option<&Samples>,
+    after: Option<&Samples>,
+) -> Option<BTreeMap<String, f64>> {
+    let (b, a) = (before?, after?);
+    let d = |k: &str| a.or_zero(k) - b.or_zero(k);
+    let mut s = BTreeMap::new();
+    let chat = |status: &str| {
+        format!(
+            "{}{{endpoint=\"chat_completions\",status=\"{status}\"}}",
+            names::REQUESTS
+        )
+    };
+    let rejected = |reason: &str| format!("{}{{reason=\"{reason}\"}}", names::REJECTIONS);
+    for (name, key) in [
+        ("chat_200", chat("200")),
+        ("chat_429", chat("429")),
+        ("chat_500", chat("500")),
+        ("chat_503", chat("503")),
+        ("generated_tokens", names::GENERATED_TOKENS.to_string()),
+        ("prompt_tokens", names::PROMPT_TOKENS.to_string()),
+        ("preemptions", names::PREEMPTIONS.to_string()),
+        ("rejected_queue_full", rejected("queue_full")),
+        ("rejected_queue_timeout", rejected("queue_timeout")),
+    ] {
+        s.insert(name.to_string(), d(&key));
+    }
+    Some(s)
+}
+
+/// The memory rows of the table: resident memory against the plan, KV cells, the device.
+fn memory_rows(t: &mut comfy_table::Table, m: &Memory) {
+    let mb = |b: f64| format!("{:.1} MB", b / 1e6);
+    t.add_row(vec![
+        "memory".into(),
+        format!(
+            "peak {} (server high-water {}), final {}; plan {}, budget {}",
+            mb(m.peak_rss_bytes),
+            m.peak_rss_server_bytes.map(mb).unwrap_or("?".into()),
+            mb(m.final_rss_bytes),
+            m.planned_bytes.map(mb).unwrap_or("?".into()),
+            m.budget_bytes.map(mb).unwrap_or("?".into())
+        ),
+    ]);
+    t.add_row(vec![
+        "KV cells".into(),
+        format!(
+            "peak {:.0}, final {:.0} of {}",
+            m.peak_kv_cells,
+            m.final_kv_cells,
+            m.kv_cells_total
+                .map(|k| format!("{k:.0}"))
+                .unwrap_or("?".into())
+        ),
+    ]);
+    if let (Some(peak), Some(budget)) = (m.peak_device_bytes, m.device_budget_bytes) {
+        t.add_row(vec![
+            "device memory".into(),
+            format!(
+                "peak used by abserve {}, device budget {}",
+                mb(peak),
+                mb(budget)
+            ),
+        ]);
     }
 }
 

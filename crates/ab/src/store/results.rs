@@ -189,16 +189,16 @@ pub struct HistoryPoint {
     pub results: Results,
 }
 
-/// Per-variant results with statistics against the control, from the aggregates.
-pub(super) fn assemble(
+/// Every metric's summary per variant: the automatic and outcome metrics from their moments,
+/// the ratio metrics from their per-unit sums (with their parts).
+type ByMetric = BTreeMap<String, BTreeMap<String, (Summary, Option<RatioParts>)>>;
+
+fn by_metric(
     e: &Experiment,
-    units: &BTreeMap<String, u64>,
-    exposures: &BTreeMap<String, u64>,
     moments: Vec<MomentRow>,
     ratios: Vec<(usize, Vec<RatioRow>)>,
-) -> Results {
-    let mut by_metric: BTreeMap<String, BTreeMap<String, (Summary, Option<RatioParts>)>> =
-        BTreeMap::new();
+) -> ByMetric {
+    let mut by_metric: ByMetric = BTreeMap::new();
     for (variant, metric, n, mean, m2) in moments {
         by_metric
             .entry(metric)
@@ -219,6 +219,37 @@ pub(super) fn assemble(
             entry.insert(row.0.clone(), (m.summary(), Some(parts)));
         }
     }
+    by_metric
+}
+
+/// One variant's result on one metric: its summary and, for a treatment, the tests against
+/// control (Welch, sequential, Bayesian; adjusted later across comparisons).
+fn metric_result(
+    cs: &Summary,
+    xs: &Summary,
+    ratio: &Option<RatioParts>,
+    treated: bool,
+    tuning: f64,
+) -> MetricResult {
+    MetricResult {
+        summary: *xs,
+        vs_control: treated.then(|| welch_summaries(cs, xs)).flatten(),
+        sequential: treated.then(|| sequential(cs, xs, ALPHA, tuning)).flatten(),
+        bayesian: treated.then(|| bayesian(cs, xs, ALPHA)).flatten(),
+        adjusted: None,
+        ratio: ratio.clone(),
+    }
+}
+
+/// Per-variant results with statistics against the control, from the aggregates.
+pub(super) fn assemble(
+    e: &Experiment,
+    units: &BTreeMap<String, u64>,
+    exposures: &BTreeMap<String, u64>,
+    moments: Vec<MomentRow>,
+    ratios: Vec<(usize, Vec<RatioRow>)>,
+) -> Results {
+    let by_metric = by_metric(e, moments, ratios);
     let control = &e.variants[e.control_index()].id;
     let tuning = e.sequential_tuning.unwrap_or(DEFAULT_TUNING);
     let empty = (from_moments(0, f64::NAN, f64::NAN), None);
@@ -233,27 +264,7 @@ pub(super) fn assemble(
                 .map(|(m, by_variant)| {
                     let (xs, ratio) = by_variant.get(&v.id).unwrap_or(&empty);
                     let (cs, _) = by_variant.get(control).unwrap_or(&empty);
-                    let treated = &v.id != control;
-                    let result = MetricResult {
-                        summary: *xs,
-                        vs_control: if treated {
-                            welch_summaries(cs, xs)
-                        } else {
-                            None
-                        },
-                        sequential: if treated {
-                            sequential(cs, xs, ALPHA, tuning)
-                        } else {
-                            None
-                        },
-                        bayesian: if treated {
-                            bayesian(cs, xs, ALPHA)
-                        } else {
-                            None
-                        },
-                        adjusted: None,
-                        ratio: ratio.clone(),
-                    };
+                    let result = metric_result(cs, xs, ratio, &v.id != control, tuning);
                     (m.clone(), result)
                 })
                 .collect();
