@@ -44,7 +44,7 @@ pub use stats::{
     from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary,
 };
 pub use store::{
-    url_without_password, Adjusted, Backend, Exposure, HistoryPoint, Location, MetricResult,
+    url_without_password, Adjusted, Database, Exposure, HistoryPoint, Location, MetricResult,
     OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError,
     VariantResult, ALPHA, CHANNEL,
 };

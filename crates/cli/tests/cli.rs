@@ -2,17 +2,12 @@
 //! statement's hypothetical, `generate`, and bad input that must end in one clear error line
 //! with exit code 2.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Output};
 
 use abserve_engine::gguf::{GgufHeader, ModelShape};
-
-fn model() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "default model missing: run scripts/setup.sh");
-    p
-}
+use support::model;
 
 fn abserve(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_abserve"))

@@ -1,5 +1,6 @@
 //! One request path: the same chat becomes the same prompt tokens through `serve` (over HTTP,
-//! `return_token_ids`), `generate`, eval in process and eval against the server — for the
+//! `return_token_ids`), `generate`, eval in process, eval against the server and eval answered
+//! by an `abserve worker` from RabbitMQ — for the
 //! default model and for a copy whose vocabulary asks for a BOS token (Llama 3, Mistral and
 //! Gemma do; written by scripts/test-model-bos.py with the `gguf` package, never committed) —
 //! and a prompt starts with exactly one BOS where the model wants one, none where it does not.
@@ -10,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
-use support::{client, exclusive, jsonl, model, root, tmp, Server, MODEL_ID};
+use support::{
+    amqp_url, client, delete_queues, exclusive, jsonl, model, root, tmp, Guard, Server, MODEL_ID,
+};
 
 const SYSTEM: &str = "You answer in one word.";
 const QUESTION: &str = "Which colour is the sky?";
@@ -115,6 +118,32 @@ fn eval(target: &[String]) -> Vec<u64> {
         .collect()
 }
 
+/// The eval answered by an `abserve worker` on `model` through a queue of this test's own.
+async fn on_a_worker(model: &Path, name: &str) -> Vec<u64> {
+    let queue = format!("abserve.test.one-path.{}.{name}", std::process::id());
+    let worker = Command::new(env!("CARGO_BIN_EXE_abserve"))
+        .args(["worker", "--amqp", &amqp_url(), "--queue", &queue])
+        .args(["--model", &model.display().to_string()])
+        .args([
+            "--memory-budget",
+            "1GiB",
+            "--context",
+            "512",
+            "--threads",
+            "2",
+        ])
+        .spawn()
+        .unwrap();
+    let worker = Guard(worker);
+    let counts = eval(&["--amqp".into(), amqp_url(), "--queue".into(), queue.clone()]);
+    drop(worker);
+    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+        .await
+        .expect("RabbitMQ reachable (scripts/services.sh)");
+    delete_queues(&conn.create_channel().await.unwrap(), &queue).await;
+    counts
+}
+
 async fn same_tokens_on_every_path(model: PathBuf, wants_bos: bool) {
     let messages =
         json!([{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]);
@@ -132,6 +161,7 @@ async fn same_tokens_on_every_path(model: PathBuf, wants_bos: bool) {
         "--threads".into(),
         "2".into(),
     ]);
+    let on_worker = on_a_worker(&model, if wants_bos { "bos" } else { "plain" }).await;
     drop(turn);
     let s = Server::start(&["--model", &path]);
     let c = client();
@@ -172,6 +202,11 @@ async fn same_tokens_on_every_path(model: PathBuf, wants_bos: bool) {
         over_http,
         [n, n],
         "eval --url counts other prompt tokens than serve"
+    );
+    assert_eq!(
+        on_worker,
+        [n, n],
+        "the worker counts other prompt tokens than serve"
     );
     assert_eq!(
         text_generate, text_serve,

@@ -13,15 +13,10 @@ use std::time::{Duration, Instant};
 
 use abserve_protocol::names;
 use futures::StreamExt;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
-use support::{client, exclusive, jsonl, model, tmp};
-
-fn amqp_url() -> String {
-    std::env::var("ABSERVE_TEST_AMQP")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
+use support::{amqp_url, client, delete_queues, exclusive, jsonl, model, tmp};
 
 // ---------------------------------------------------------------------------------------------
 // The job queue
@@ -259,15 +254,6 @@ async fn wait_queued(conn: &lapin::Connection, queue: &str, jobs: u32) {
         assert!(Instant::now() < deadline, "jobs not published");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn delete_queues(ch: &lapin::Channel, queue: &str) {
-    for q in [queue.to_string(), format!("{queue}.dead")] {
-        let _ = ch.queue_delete(&q, QueueDeleteOptions::default()).await;
-    }
-    let _ = ch
-        .exchange_delete(&format!("{queue}.dlx"), Default::default())
-        .await;
 }
 
 fn pairs(rs: &[Value]) -> Vec<(String, String)> {

@@ -231,3 +231,49 @@ async fn metrics_pass_promtool() {
     }
     support::promtool_check(&text);
 }
+
+/// `n` and multi-prompt completions are admitted as one group: with 8 slots and no queue, 16
+/// sequences can never be held at once (a 400 naming the slots and the queue, as a too-wide
+/// fan-out gets); with 16 slots all 16 run and answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn n_and_many_prompts_are_admitted_whole_or_refused_with_the_reason() {
+    let c = client();
+    let chat = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 16});
+    let prompts: Vec<String> = (0..16).map(|i| format!("Count to {i}:")).collect();
+    let text = json!({"model": MODEL_ID, "prompt": prompts, "max_tokens": 2});
+    {
+        let s = Server::start(&["--max-sequences", "8", "--max-queue", "0"]);
+        let before = metric(&s.metrics().await, "abserve_prompt_tokens_total");
+        for (path, body, param) in [
+            ("/v1/chat/completions", &chat, "n"),
+            ("/v1/completions", &text, "prompt"),
+        ] {
+            let (status, v) = post_json(&c, &s.url(path), body.clone()).await;
+            assert_eq!(status, 400, "{path}: {v}");
+            assert_eq!(v["error"]["param"], param, "{v}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains("8 sequence slots + 0 queued"), "{m}");
+        }
+        let after = metric(&s.metrics().await, "abserve_prompt_tokens_total");
+        assert_eq!(
+            after, before,
+            "no sequence of a refused group reached the engine"
+        );
+    }
+    // 16 slots of 256 tokens in the tests' 4096 KV cells
+    let s = Server::start(&[
+        "--max-sequences",
+        "16",
+        "--max-queue",
+        "0",
+        "--context",
+        "256",
+    ]);
+    for (path, body) in [("/v1/chat/completions", &chat), ("/v1/completions", &text)] {
+        let (status, v) = post_json(&c, &s.url(path), body.clone()).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 16, "{v}");
+        assert!(choices.iter().all(|x| x["finish_reason"].is_string()));
+    }
+}

@@ -49,7 +49,7 @@ impl AbState {
         tracing::info!(
             "experiment store: {} ({:?})",
             store.describe(),
-            store.backend()
+            store.database()
         );
         if let Some(f) = file {
             let text = std::fs::read_to_string(f)

@@ -70,7 +70,8 @@ pub struct RecordedExposure {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Backend {
+/// Which database a store is on.
+pub enum Database {
     Sqlite,
     Postgres,
 }
@@ -232,10 +233,10 @@ impl Store {
         Ok(Store { pool, location })
     }
 
-    pub fn backend(&self) -> Backend {
+    pub fn database(&self) -> Database {
         match self.pool {
-            Pool::Sqlite(_) => Backend::Sqlite,
-            Pool::Postgres(_) => Backend::Postgres,
+            Pool::Sqlite(_) => Database::Sqlite,
+            Pool::Postgres(_) => Database::Postgres,
         }
     }
 
@@ -477,8 +478,13 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// The stored results of a run's jobs, by job id.
-    pub async fn job_results(&self, run: &str) -> Result<BTreeMap<String, String>, StoreError> {
+    /// The stored results of a run's jobs, by job id (what the store tests read back; workers
+    /// only write them).
+    #[cfg(test)]
+    pub(crate) async fn job_results(
+        &self,
+        run: &str,
+    ) -> Result<BTreeMap<String, String>, StoreError> {
         let q = "SELECT job_id, result FROM eval_results WHERE run = $1";
         let rows: Vec<(String, String)> =
             on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await?);

@@ -337,3 +337,31 @@ pub async fn sse(r: reqwest::Response) -> Vec<String> {
     out.extend(decoder.finish().map(text));
     out
 }
+
+/// The RabbitMQ the queue tests use (`scripts/services.sh` makes it reachable).
+pub fn amqp_url() -> String {
+    std::env::var("ABSERVE_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Deletes a job queue's queues and dead-letter exchange (a test's, when it is done).
+pub async fn delete_queues(ch: &lapin::Channel, queue: &str) {
+    use lapin::options::QueueDeleteOptions;
+    for q in [queue.to_string(), format!("{queue}.dead")] {
+        let _ = ch.queue_delete(&q, QueueDeleteOptions::default()).await;
+    }
+    let _ = ch
+        .exchange_delete(&format!("{queue}.dlx"), Default::default())
+        .await;
+}
+
+/// A child process of a test (a worker, an eval), killed and reaped when the test ends, also when
+/// it fails halfway.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
