@@ -15,7 +15,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
-use crate::engine_loop::{run_guarded, Command};
+use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
 use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
 use crate::plan::{current_rss, human_bytes, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
@@ -115,9 +115,15 @@ impl EngineThread {
                 if let Some(o) = self.observer {
                     sched.set_observer(o);
                 }
-                if let Err(cause) = run_guarded(&mut sched, &mut compute, &rx) {
-                    *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
-                }
+                let failure = self.failure;
+                let died = move |cause: &str| {
+                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
+                };
+                // the cause is kept by `died` (read by `Engine::failure`)
+                let _ = match injected_panic() {
+                    Some(at) => run_guarded(&mut sched, &mut PanicAt::new(compute, at), &rx, died),
+                    None => run_guarded(&mut sched, &mut compute, &rx, died),
+                };
             })
             .map_err(|e| EngineError::Thread(e.to_string()))?;
         let (rss, llama) = ready_rx
@@ -234,8 +240,10 @@ impl Engine {
         self.stats.clone()
     }
 
+    /// The engine thread runs and has not died (a caught panic marks it dead at once, before
+    /// the thread has finished failing its requests).
     pub fn is_alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        self.thread.as_ref().is_some_and(|t| !t.is_finished()) && self.failure().is_none()
     }
 
     /// Why the engine thread died (a caught panic), once it has.

@@ -74,12 +74,27 @@ pub fn kill9(s: &mut Server) {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, Some(Turn::take()))
+        Server::spawn(
+            env!("CARGO_BIN_EXE_abserve"),
+            extra,
+            &[],
+            Some(Turn::take()),
+        )
+    }
+
+    /// A server with these environment variables set (a test's fault injection).
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::spawn(
+            env!("CARGO_BIN_EXE_abserve"),
+            extra,
+            env,
+            Some(Turn::take()),
+        )
     }
 
     /// A server of another build of abserve (the Vulkan build's tests).
     pub fn start_bin(bin: &str, extra: &[&str]) -> Server {
-        Server::spawn(bin, extra, Some(Turn::take()))
+        Server::spawn(bin, extra, &[], Some(Turn::take()))
     }
 
     /// Several servers running at once (replicas of one store), sharing one turn.
@@ -87,11 +102,11 @@ impl Server {
         let mut turn = Some(Turn::take());
         extras
             .iter()
-            .map(|extra| Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, turn.take()))
+            .map(|extra| Server::spawn(env!("CARGO_BIN_EXE_abserve"), extra, &[], turn.take()))
             .collect()
     }
 
-    fn spawn(bin: &str, extra: &[&str], turn: Option<Turn>) -> Server {
+    fn spawn(bin: &str, extra: &[&str], env: &[(&str, &str)], turn: Option<Turn>) -> Server {
         let defaults = [
             ("--model", model().display().to_string()),
             ("--model-id", MODEL_ID.to_string()),
@@ -135,6 +150,7 @@ impl Server {
         let mut child = Command::new(bin)
             .args(&args)
             .env("ABSERVE_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

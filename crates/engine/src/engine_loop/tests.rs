@@ -5,17 +5,18 @@ use super::*;
 use crate::sampler::SamplingParams;
 use crate::scheduler::{EngineStats, SchedulerConfig, Snapshot};
 
-/// A model whose first decode panics: a bug escaping a step, injected through `Compute`.
-struct Faulty;
+/// A model that computes nothing; `PanicAt` makes its first decode panic (a bug escaping a
+/// step, injected through `Compute`).
+struct Idle;
 
-impl Compute for Faulty {
+impl Compute for Idle {
     fn batch_capacity(&self) -> usize {
         64
     }
     fn clear_batch(&mut self) {}
     fn add(&mut self, _: i32, _: usize, _: i32, _: bool) {}
     fn decode(&mut self) -> Result<bool, String> {
-        panic!("injected fault in decode");
+        Ok(true)
     }
     fn logits(&self, _: usize) -> &[f32] {
         &[]
@@ -50,8 +51,17 @@ fn a_panic_in_a_step_fails_every_request_in_flight_and_is_returned_with_its_caus
         tx.send(cmd).unwrap();
         receivers.push(events);
     }
-    let cause = run_guarded(&mut sched, &mut Faulty, &rx).unwrap_err();
-    assert!(cause.contains("injected fault in decode"), "{cause}");
+    let mut heard = None;
+    let cause = run_guarded(&mut sched, &mut PanicAt::new(Idle, 1), &rx, |c| {
+        heard = Some(c.to_string())
+    })
+    .unwrap_err();
+    assert_eq!(
+        heard.as_deref(),
+        Some(cause.as_str()),
+        "the handle heard the cause"
+    );
+    assert!(cause.contains("injected fault: decode 1"), "{cause}");
     for mut events in receivers {
         let mut last = None;
         while let Ok(e) = events.try_recv() {
