@@ -12,11 +12,22 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 use support::{
-    amqp_url, client, delete_queues, exclusive, jsonl, model, root, tmp, Guard, Server, MODEL_ID,
+    amqp_url, client, delete_queues, exclusive, jsonl, model, post_json, root, tmp, Guard, Server,
+    MODEL_ID,
 };
 
 const SYSTEM: &str = "You answer in one word.";
 const QUESTION: &str = "Which colour is the sky?";
+/// The engine every path runs: the flags of `generate`, `worker` and eval in process (serve's
+/// come from the test support's defaults).
+const ENGINE: [&str; 6] = [
+    "--memory-budget",
+    "1GiB",
+    "--context",
+    "512",
+    "--threads",
+    "2",
+];
 /// SmolLM2's BOS (`<|im_start|>`, which its ChatML template also writes first).
 const BOS: i64 = 1;
 
@@ -53,14 +64,7 @@ fn generate(model: &Path, line: Value) -> Vec<i64> {
     std::fs::write(&file, format!("{line}\n")).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_abserve"))
         .args(["generate", "--model", &model.display().to_string()])
-        .args([
-            "--memory-budget",
-            "1GiB",
-            "--context",
-            "512",
-            "--threads",
-            "2",
-        ])
+        .args(ENGINE)
         .args([
             "--max-tokens",
             "2",
@@ -124,14 +128,7 @@ async fn on_a_worker(model: &Path, name: &str) -> Vec<u64> {
     let worker = Command::new(env!("CARGO_BIN_EXE_abserve"))
         .args(["worker", "--amqp", &amqp_url(), "--queue", &queue])
         .args(["--model", &model.display().to_string()])
-        .args([
-            "--memory-budget",
-            "1GiB",
-            "--context",
-            "512",
-            "--threads",
-            "2",
-        ])
+        .args(ENGINE)
         .spawn()
         .unwrap();
     let worker = Guard(worker);
@@ -151,40 +148,29 @@ async fn same_tokens_on_every_path(model: PathBuf, wants_bos: bool) {
     let turn = exclusive();
     let from_generate = generate(&model, json!({"messages": messages}));
     let text_generate = generate(&model, json!({"prompt": QUESTION}));
-    let in_process = eval(&[
-        "--model".into(),
-        path.clone(),
-        "--memory-budget".into(),
-        "1GiB".into(),
-        "--context".into(),
-        "512".into(),
-        "--threads".into(),
-        "2".into(),
-    ]);
+    let mut in_process = vec!["--model".to_string(), path.clone()];
+    in_process.extend(ENGINE.map(String::from));
+    let in_process = eval(&in_process);
     let on_worker = on_a_worker(&model, if wants_bos { "bos" } else { "plain" }).await;
     drop(turn);
     let s = Server::start(&["--model", &path]);
     let c = client();
-    let chat: Value = c
-        .post(s.url("/v1/chat/completions"))
-        .json(&json!({"model": MODEL_ID, "messages": messages, "max_tokens": 2, "temperature": 0, "return_token_ids": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, chat) = post_json(
+        &c,
+        &s.url("/v1/chat/completions"),
+        json!({"model": MODEL_ID, "messages": messages, "max_tokens": 2, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
     let from_serve = ids(&chat["choices"][0]["prompt_token_ids"]);
     assert_eq!(chat["usage"]["prompt_tokens"], from_serve.len());
-    let text: Value = c
-        .post(s.url("/v1/completions"))
-        .json(&json!({"model": MODEL_ID, "prompt": QUESTION, "max_tokens": 2, "return_token_ids": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, text) = post_json(
+        &c,
+        &s.url("/v1/completions"),
+        json!({"model": MODEL_ID, "prompt": QUESTION, "max_tokens": 2, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
     let text_serve = ids(&text["choices"][0]["prompt_token_ids"]);
     let over_http = eval(&["--url".into(), s.url("")]);
 
