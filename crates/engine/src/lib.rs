@@ -39,7 +39,8 @@ pub use engine::Engine;
 pub use engine::MeasuredMemory;
 pub use llama::Model;
 pub use request::{
-    Completion, Event, EventReceiver, FinishReason, GenerationError, Request, SubmitError,
+    admitted_together, Completion, Event, EventReceiver, FinishReason, GenerationError, Request,
+    SubmitError,
 };
 pub use sampler::{SamplingParams, TokenLogprob};
 pub use scheduler::{EngineStats, StatsSnapshot};

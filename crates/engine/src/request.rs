@@ -32,6 +32,13 @@ impl Request {
     }
 }
 
+/// Whether a group of `members` submitted together (`Engine::submit_group`) is admitted in one
+/// step, all or none: it must fit the `seq_slots` at once. A larger group can never run at once;
+/// it is accepted whole and its members run as slots free.
+pub fn admitted_together(members: usize, seq_slots: usize) -> bool {
+    members <= seq_slots
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {

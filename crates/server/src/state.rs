@@ -224,7 +224,8 @@ impl AppState {
         };
         let deadline = tokio::time::sleep(self.config.queue_timeout);
         tokio::pin!(deadline);
-        let together = rxs.len() <= self.engine.plan().seq_slots as usize;
+        let together =
+            abserve_engine::admitted_together(rxs.len(), self.engine.plan().seq_slots as usize);
         let wait_for = if together { rxs.len() } else { 1 };
         let mut admitted = Vec::with_capacity(rxs.len());
         for mut rx in rxs.drain(..) {

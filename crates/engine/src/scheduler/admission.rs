@@ -22,7 +22,7 @@ use super::kv::common_prefix;
 use super::seq::{Active, Seq};
 use super::stats::EngineStats;
 use super::{Compute, Scheduler};
-use crate::request::{Event, EventSender, Request};
+use crate::request::{admitted_together, Event, EventSender, Request};
 use std::sync::atomic::Ordering;
 
 /// Where a prompt's prefix can come from.
@@ -42,7 +42,7 @@ impl Scheduler {
     /// larger than the slots can never run at once: its members queue as plain requests (they
     /// were accepted whole, so every one runs, in order, as slots free).
     pub fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender)>) {
-        let together = reqs.len() > 1 && reqs.len() <= self.cfg.seq_slots;
+        let together = reqs.len() > 1 && admitted_together(reqs.len(), self.cfg.seq_slots);
         let gang = together.then(|| {
             self.gangs += 1;
             self.gangs
