@@ -8,7 +8,7 @@ use std::time::Instant;
 use abserve_engine::plan::{human_bytes, peak_rss};
 use abserve_engine::prepare::{Input, Options, Prepared};
 use abserve_engine::{ChatMessage, Engine};
-use abserve_protocol::Sampling;
+use abserve_protocol::{Sampling, Structure};
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
@@ -57,6 +57,9 @@ struct PromptLine {
     ignore_eos: Option<bool>,
     #[serde(flatten)]
     sampling: Sampling,
+    /// response_format (and tools) of this line.
+    #[serde(flatten)]
+    structure: Structure,
 }
 
 /// The command line's settings, under each prompt line's own.
@@ -89,7 +92,7 @@ fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepare
             Input::Text(p)
         };
         let job = engine
-            .prepare(input, &base, &options(a, None, None))
+            .prepare(input, &base, &Structure::default(), &options(a, None, None))
             .map_err(|e| anyhow::anyhow!("--prompt {}: {}: {e}", i + 1, e.field))?;
         jobs.push(job);
     }
@@ -110,7 +113,12 @@ fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepare
                 _ => anyhow::bail!("{}: give exactly one of prompt or messages", at()),
             };
             let job = engine
-                .prepare(input, &sampling, &options(a, pl.logprobs, pl.ignore_eos))
+                .prepare(
+                    input,
+                    &sampling,
+                    &pl.structure,
+                    &options(a, pl.logprobs, pl.ignore_eos),
+                )
                 .map_err(|e| anyhow::anyhow!("{}: {}: {e}", at(), e.field))?;
             jobs.push(job);
         }

@@ -26,7 +26,12 @@ pub fn options() -> Options {
 /// named, a full queue is `Overloaded`, a generation error `Failed`.
 pub async fn chat(engine: &Engine, call: &Call) -> Result<Generation, CallError> {
     let prepared = engine
-        .prepare(Input::Chat(&call.messages), &call.sampling, &options())
+        .prepare(
+            Input::Chat(&call.messages),
+            &call.sampling,
+            &call.structure,
+            &options(),
+        )
         .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
     let started = Instant::now();
     let rx = match engine.submit(prepared.request()) {

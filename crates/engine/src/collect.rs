@@ -123,6 +123,7 @@ mod tests {
             time_to_first_token: Duration::ZERO,
             total_time: Duration::ZERO,
             tail_text: tail.into(),
+            grammar: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use abserve_protocol::Sampling;
+use abserve_protocol::{Sampling, Structure};
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
+use crate::grammar::Grammars;
 use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
 use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
 use crate::plan::{current_rss, human_bytes, MemoryPlan};
@@ -74,6 +75,8 @@ pub struct Engine {
     device: Option<DeviceHandle>,
     /// Why the engine thread stopped, when it was not asked to (see `engine_loop`).
     failure: Arc<Mutex<Option<String>>>,
+    /// The grammar compiler, built from the vocabulary at the first constrained request.
+    grammars: std::sync::OnceLock<Result<Grammars, String>>,
 }
 
 /// What the engine thread starts with: it creates the one llama.cpp context, says when it is
@@ -203,6 +206,7 @@ impl Engine {
             model_path: cfg.model,
             device: cfg.device,
             failure,
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -266,12 +270,14 @@ impl Engine {
         &self,
         input: Input<'_>,
         sampling: &Sampling,
+        structure: &Structure,
         options: &Options,
     ) -> Result<Prepared, PrepareError> {
         prepare::prepare(
             self,
             input,
             sampling,
+            structure,
             options,
             Limits::context(self.plan.context as usize),
         )
@@ -398,6 +404,12 @@ impl Tokenizer for Engine {
     }
     fn n_vocab(&self) -> usize {
         self.model.n_vocab()
+    }
+    fn grammars(&self) -> Result<&Grammars, String> {
+        self.grammars
+            .get_or_init(|| Grammars::new(Model::grammar_vocab(&self.model), self.stats.clone()))
+            .as_ref()
+            .map_err(|e| e.clone())
     }
 }
 

@@ -22,6 +22,7 @@ mod config;
 pub mod device;
 mod engine;
 mod engine_loop;
+pub mod grammar;
 mod llama;
 pub mod prepare;
 mod request;
@@ -39,8 +40,8 @@ pub use engine::Engine;
 pub use engine::MeasuredMemory;
 pub use llama::Model;
 pub use request::{
-    admitted_together, Completion, Event, EventReceiver, FinishReason, GenerationError, Request,
-    SubmitError,
+    admitted_together, Completion, Event, EventReceiver, FinishReason, GenerationError,
+    GrammarOutcome, Request, SubmitError,
 };
 pub use sampler::{SamplingParams, TokenLogprob};
 pub use scheduler::{EngineStats, StatsSnapshot};

@@ -8,7 +8,7 @@
 use std::ffi::CStr;
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::LlamaContext;
@@ -18,6 +18,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::grammar::{TokenBytes, Vocab};
 use crate::plan::{KvType, MemoryPlan};
 use crate::scheduler::{Compute, Snapshot};
 
@@ -188,6 +189,46 @@ impl Model {
     pub fn bos(&self) -> Option<i32> {
         let v = self.inner.vocab();
         v.should_add_bos().then(|| v.bos().0)
+    }
+
+    /// The vocabulary as llguidance needs it (every token's bytes, special tokens marked, the
+    /// end-of-generation set with the end-of-turn token first, and this model's tokenizer), as
+    /// llama.cpp's `common/llguidance.cpp` builds it.
+    pub fn grammar_vocab(model: &Arc<Model>) -> Vocab {
+        let v = model.inner.vocab();
+        let tokens = (0..model.n_vocab() as i32)
+            .map(|i| {
+                let t = LlamaToken(i);
+                let bytes = v.token_to_piece(t, false, None);
+                if bytes.is_empty() {
+                    TokenBytes {
+                        bytes: v.token_to_piece(t, true, None),
+                        special: true,
+                    }
+                } else {
+                    TokenBytes {
+                        bytes,
+                        special: false,
+                    }
+                }
+            })
+            .collect();
+        let primary = if v.eot().0 >= 0 { v.eot() } else { v.eos() };
+        let mut eog = vec![primary.0];
+        eog.extend((0..model.n_vocab() as i32).filter(|&t| t != primary.0 && v.is_eog(LlamaToken(t))));
+        let m = model.clone();
+        Vocab {
+            tokens,
+            eog,
+            tokenize: Box::new(move |bytes| {
+                m.inner
+                    .vocab()
+                    .tokenize(bytes, false, true)
+                    .into_iter()
+                    .map(|t| t.0)
+                    .collect()
+            }),
+        }
     }
 
     pub fn is_eog(&self, token: i32) -> bool {

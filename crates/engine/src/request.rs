@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::grammar::Constraint;
 use crate::sampler::{SamplingParams, TokenLogprob};
 
 /// One generation request, already tokenized and validated by the caller.
@@ -18,6 +19,8 @@ pub struct Request {
     pub priority: bool,
     /// Largest share (0, 1] of KV cells the running sequences of `group` may hold.
     pub kv_share: Option<f64>,
+    /// The grammar the answer must match (compiled by the preparation stage), if any.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -28,6 +31,7 @@ impl Request {
             group: None,
             priority: false,
             kv_share: None,
+            constraint: None,
         }
     }
 }
@@ -70,6 +74,19 @@ pub struct Completion {
     pub total_time: Duration,
     /// Text held back at the end (a partial stop string that never completed, a split character).
     pub tail_text: String,
+    /// How a constrained answer ended against its grammar (`None`: unconstrained).
+    pub grammar: Option<GrammarOutcome>,
+}
+
+/// A constrained answer's grammar at its end.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GrammarOutcome {
+    /// `json_schema`, `json_object`, `regex` or `lark` (`Grammar::kind`).
+    pub kind: &'static str,
+    /// The answer is a complete match of the grammar (it may end here).
+    pub complete: bool,
+    /// Tokens the grammar forced (fast-forward), counted in `completion_tokens` too.
+    pub forced_tokens: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +127,9 @@ pub enum GenerationError {
     /// engine goes on (or, after a panic, stops with every request failed: `engine_loop`).
     #[error("internal engine error: {0}")]
     Internal(String),
+    /// The grammar failed during generation (llguidance's per-step limits).
+    #[error("the grammar failed during generation: {0}")]
+    Grammar(String),
 }
 
 impl GenerationError {
@@ -122,6 +142,7 @@ impl GenerationError {
             GenerationError::ShuttingDown => "shutting_down",
             GenerationError::EngineStopped => "engine_stopped",
             GenerationError::Internal(_) => "internal",
+            GenerationError::Grammar(_) => "grammar",
         }
     }
 }

@@ -3,12 +3,17 @@
 //! Sampling lives here rather than in llama.cpp's sampler chain so that every sequence owns a
 //! seeded ChaCha stream: the same request with the same seed draws the same random numbers
 //! whatever else runs in the batch, and a preempted sequence keeps its stream when it is
-//! recomputed. The order of the transforms follows vLLM/OpenAI: penalties, temperature,
-//! top-k, top-p, min-p, then a draw.
+//! recomputed. The order of the transforms follows vLLM/OpenAI: penalties, logit bias, the
+//! grammar's mask (a constrained sequence: disallowed tokens get −∞), temperature, top-k, top-p,
+//! min-p, then a draw.
+//!
+//! Log-probabilities are those of the model's distribution after the penalties and before the
+//! logit bias and the mask: a token the grammar forces reports what the model gave it, not 0.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
+use toktrie::SimpleVob;
 
 /// How llama.cpp's server defaults the repetition window.
 pub const PENALTY_LAST_N: usize = 64;
@@ -39,6 +44,9 @@ pub struct SamplingParams {
     /// cached prefix are not bit-identical to a full prefill, so a seeded request computes its
     /// prompt to give the same text every time.
     pub cache_prompt: Option<bool>,
+    /// OpenAI's `logit_bias`: added to a token's logit before sampling (−100 bans it in
+    /// practice, +100 all but forces it).
+    pub logit_bias: Vec<(i32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -57,6 +65,7 @@ impl Default for SamplingParams {
             logprobs: None,
             ignore_eos: false,
             cache_prompt: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -183,48 +192,92 @@ impl Sampler {
     }
 
     /// Picks the next token from `logits`. `recent` holds the last tokens of the sequence
-    /// (prompt and output) for the repetition penalty.
-    pub fn sample(&mut self, logits: &[f32], recent: &[i32]) -> (i32, Option<TokenLogprob>) {
+    /// (prompt and output) for the repetition penalty; `allowed`, a constrained sequence's
+    /// grammar mask (at least one token of the vocabulary allowed).
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        recent: &[i32],
+        allowed: Option<&SimpleVob>,
+    ) -> (i32, Option<TokenLogprob>) {
         let p = &self.params;
         let penalised =
             p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         let mut owned;
         let logits: &[f32] = if penalised {
             owned = logits.to_vec();
-            if p.repetition_penalty != 1.0 {
-                let start = recent.len().saturating_sub(PENALTY_LAST_N);
-                let mut seen = std::collections::HashSet::new();
-                for &t in &recent[start..] {
-                    if seen.insert(t) {
-                        if let Some(l) = owned.get_mut(t as usize) {
-                            *l = if *l > 0.0 {
-                                *l / p.repetition_penalty
-                            } else {
-                                *l * p.repetition_penalty
-                            };
-                        }
-                    }
-                }
-            }
-            for (&t, &c) in &self.counts {
-                if let Some(l) = owned.get_mut(t as usize) {
-                    *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
-                }
-            }
+            self.penalise(&mut owned, recent);
             &owned
         } else {
             logits
         };
-        let token = if p.temperature <= 0.0 {
-            argmax(logits)
+        let mut shaped;
+        let chosen_from: &[f32] = if !self.params.logit_bias.is_empty() || allowed.is_some() {
+            shaped = logits.to_vec();
+            for &(t, b) in &self.params.logit_bias {
+                if let Some(l) = shaped.get_mut(t as usize) {
+                    *l += b;
+                }
+            }
+            if let Some(mask) = allowed {
+                for (t, l) in shaped.iter_mut().enumerate() {
+                    if !mask.is_allowed(t as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            &shaped
         } else {
-            self.draw(logits)
+            logits
+        };
+        let token = if self.params.temperature <= 0.0 {
+            argmax(chosen_from)
+        } else {
+            self.draw(chosen_from)
         };
         let lp = self
             .params
             .logprobs
             .map(|n| logprob_of(logits, token, n as usize));
         (token, lp)
+    }
+
+    /// The log-probability of `token` (a forced one) under `logits`, as [`Sampler::sample`]
+    /// reports a sampled token's: after the penalties.
+    pub fn logprob(&self, logits: &[f32], recent: &[i32], token: i32) -> Option<TokenLogprob> {
+        let n = self.params.logprobs?;
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+        {
+            let mut owned = logits.to_vec();
+            self.penalise(&mut owned, recent);
+            return Some(logprob_of(&owned, token, n as usize));
+        }
+        Some(logprob_of(logits, token, n as usize))
+    }
+
+    fn penalise(&self, owned: &mut [f32], recent: &[i32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let start = recent.len().saturating_sub(PENALTY_LAST_N);
+            let mut seen = std::collections::HashSet::new();
+            for &t in &recent[start..] {
+                if seen.insert(t) {
+                    if let Some(l) = owned.get_mut(t as usize) {
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
+                    }
+                }
+            }
+        }
+        for (&t, &c) in &self.counts {
+            if let Some(l) = owned.get_mut(t as usize) {
+                *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            }
+        }
     }
 
     fn draw(&mut self, logits: &[f32]) -> i32 {
@@ -238,6 +291,11 @@ impl Sampler {
                 .enumerate()
                 .map(|(i, &l)| (i as i32, l * inv_t)),
         );
+        // tokens a grammar ruled out (−∞) are no candidates at all, whatever the rounding below
+        cands.retain(|c| c.1 > f32::NEG_INFINITY);
+        if cands.is_empty() {
+            return argmax(logits);
+        }
         if p.top_k > 0 && (p.top_k as usize) < cands.len() {
             let k = p.top_k as usize;
             cands.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
@@ -332,7 +390,7 @@ mod tests {
     fn greedy_is_argmax() {
         let l = logits();
         let mut s = Sampler::new(SamplingParams::greedy(4));
-        assert_eq!(s.sample(&l, &[]).0, argmax(&l));
+        assert_eq!(s.sample(&l, &[], None).0, argmax(&l));
         assert_eq!(l[argmax(&l) as usize], 9.9);
     }
 
@@ -346,15 +404,15 @@ mod tests {
         };
         let a: Vec<i32> = {
             let mut s = Sampler::new(p.clone());
-            (0..50).map(|_| s.sample(&l, &[]).0).collect()
+            (0..50).map(|_| s.sample(&l, &[], None).0).collect()
         };
         let b: Vec<i32> = {
             let mut s = Sampler::new(p.clone());
-            (0..50).map(|_| s.sample(&l, &[]).0).collect()
+            (0..50).map(|_| s.sample(&l, &[], None).0).collect()
         };
         let c: Vec<i32> = {
             let mut s = Sampler::new(SamplingParams { seed: Some(8), ..p });
-            (0..50).map(|_| s.sample(&l, &[]).0).collect()
+            (0..50).map(|_| s.sample(&l, &[], None).0).collect()
         };
         assert_eq!(a, b);
         assert_ne!(a, c);
@@ -370,7 +428,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..20 {
-            assert_eq!(s.sample(&l, &[]).0, argmax(&l));
+            assert_eq!(s.sample(&l, &[], None).0, argmax(&l));
         }
         let mut s = Sampler::new(SamplingParams {
             temperature: 1.0,
@@ -379,7 +437,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..50 {
-            let t = s.sample(&l, &[]).0;
+            let t = s.sample(&l, &[], None).0;
             assert!(l[t as usize] >= 9.0, "top_p 0.3 picked a low token {t}");
         }
         let mut s = Sampler::new(SamplingParams {
@@ -389,7 +447,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..50 {
-            let t = s.sample(&l, &[]).0;
+            let t = s.sample(&l, &[], None).0;
             assert!(
                 l[t as usize] >= 9.9 - 0.7,
                 "min_p 0.5 kept a token below half the top prob"
@@ -407,13 +465,13 @@ mod tests {
             ..Default::default()
         });
         s.accept(top);
-        assert_ne!(s.sample(&l, &[]).0, top);
+        assert_ne!(s.sample(&l, &[], None).0, top);
         let mut s = Sampler::new(SamplingParams {
             temperature: 0.0,
             repetition_penalty: 2.0,
             ..Default::default()
         });
-        assert_ne!(s.sample(&l, &[top]).0, top);
+        assert_ne!(s.sample(&l, &[top], None).0, top);
     }
 
     #[test]
@@ -424,7 +482,7 @@ mod tests {
             logprobs: Some(5),
             ..Default::default()
         });
-        let (t, lp) = s.sample(&l, &[]);
+        let (t, lp) = s.sample(&l, &[], None);
         let lp = lp.unwrap();
         assert_eq!(lp.token, t);
         assert_eq!(lp.top.len(), 5);

@@ -280,6 +280,7 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
                 group: None,
                 priority: false,
                 kv_share: None,
+                constraint: None,
             })
             .unwrap()
     };

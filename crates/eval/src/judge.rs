@@ -34,6 +34,7 @@ pub fn question(prompt: &str, row: &Row, a: &str, b: &str) -> Result<Call, Score
             seed: Some(0),
             ..Default::default()
         },
+        structure: Default::default(),
     })
 }
 

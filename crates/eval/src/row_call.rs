@@ -22,7 +22,11 @@ pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
     sampling.seed = sampling
         .seed
         .or_else(|| Some((crate::dataset::fnv1a(row.id.bytes()) >> 1) as i64));
-    Ok(Call { messages, sampling })
+    Ok(Call {
+        messages,
+        sampling,
+        structure: Default::default(),
+    })
 }
 
 /// A result row for `v` on `row`, before the answer.

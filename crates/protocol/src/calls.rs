@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::{ChatMessage, Sampling};
+use crate::structure::Structure;
 
 /// `max_tokens` of a call whose variant sets none.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -18,6 +19,9 @@ pub struct Call {
     pub messages: Vec<ChatMessage>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    /// `response_format` and tools (the variant's).
+    #[serde(flatten)]
+    pub structure: Structure,
 }
 
 /// A finished answer with its token counts and timings (time to first token measured by

@@ -75,6 +75,10 @@ pub struct Sampling {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(exclusive_minimum = 0.0)]
     pub repetition_penalty: Option<f64>,
+    /// OpenAI's `logit_bias`: token id (as a string) → bias in [−100, 100], added to the
+    /// token's logit before sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Sampling {
@@ -94,6 +98,7 @@ impl Sampling {
             presence_penalty: pick(&self.presence_penalty, &over.presence_penalty),
             frequency_penalty: pick(&self.frequency_penalty, &over.frequency_penalty),
             repetition_penalty: pick(&self.repetition_penalty, &over.repetition_penalty),
+            logit_bias: pick(&self.logit_bias, &over.logit_bias),
         }
     }
 }

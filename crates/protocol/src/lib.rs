@@ -9,6 +9,7 @@
 //! - [`abserve`]: abserve's own bodies (`/ready`, fan-out);
 //! - [`calls`], [`jobs`]: an eval call and its answer, and the job-queue messages that carry them
 //!   between `abserve eval --amqp` and `abserve worker`;
+//! - [`Structure`]: what an answer must be (`response_format`, tools);
 //! - [`ChatMessage`], [`Sampling`]: the inputs of a generation that requests, variants, eval
 //!   calls and the engine's preparation stage share.
 //!
@@ -18,6 +19,7 @@ mod client;
 mod inputs;
 mod prometheus;
 mod sse;
+mod structure;
 
 pub mod abserve;
 pub mod calls;
@@ -29,3 +31,7 @@ pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming}
 pub use inputs::{ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};
 pub use sse::{SseDecoder, SseEvent};
+pub use structure::{
+    FunctionDef, JsonSchemaFormat, NamedFunction, NamedTool, ResponseFormat, Structure, Tool,
+    ToolChoice,
+};

@@ -110,6 +110,7 @@ fn chat_request(
         &*state.engine,
         Input::Chat(&messages),
         &sampling,
+        &req.common.structure,
         &options,
         state.limits(),
     )?;
@@ -157,6 +158,7 @@ fn completion_request(
             &*state.engine,
             p.into(),
             &sampling,
+            &req.common.structure,
             &options,
             state.limits(),
         )?;
@@ -235,6 +237,7 @@ async fn run(state: Arc<AppState>, req: ValidRequest) -> Result<Response, ApiErr
             group: req.routed.as_ref().map(|r| r.experiment.clone()),
             priority: false,
             kv_share: req.routed.as_ref().and_then(|r| r.kv_share),
+            constraint: p.constraint.clone(),
         })
         .collect();
     let what = match req.kind {

@@ -11,7 +11,7 @@ use abserve_engine::prepare::{prepare, Input, Options};
 use abserve_engine::ChatMessage;
 use abserve_engine::Request;
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
-use abserve_protocol::Sampling;
+use abserve_protocol::{Sampling, Structure};
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -383,6 +383,7 @@ fn fanout_requests(
             &*st.engine,
             Input::Chat(&msgs),
             &sampling,
+            &Structure::default(),
             &Options::new(256),
             st.limits(),
         )?;
@@ -392,6 +393,7 @@ fn fanout_requests(
             group: Some(exp.name.clone()),
             priority: false,
             kv_share: exp.max_kv_share,
+            constraint: p.constraint,
         });
     }
     Ok((b.input, requests))

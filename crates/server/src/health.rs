@@ -48,6 +48,7 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         group: None,
         priority: true,
         kv_share: None,
+        constraint: None,
     };
     let rx = state
         .engine

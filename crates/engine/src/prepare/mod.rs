@@ -4,7 +4,8 @@
 //! same tokens and the same sampling parameters whichever path it takes.
 //!
 //! messages or a prompt (after the variant: `abserve_ab::Variant::apply`) → rendered text (the
-//! model's chat template) → tokens → context fit → [`SamplingParams`] from the one [`Sampling`].
+//! model's chat template) → tokens → context fit → [`SamplingParams`] from the one [`Sampling`]
+//! → the answer's grammar from its [`Structure`], compiled (`structure.rs`).
 //!
 //! Invariants:
 //! - **BOS, once**: a prompt made from text starts with the vocabulary's BOS token exactly when
@@ -21,16 +22,19 @@
 
 mod error;
 mod sampling;
+mod structure;
 mod wire;
 
-use abserve_protocol::{ChatMessage, Sampling};
+use abserve_protocol::{ChatMessage, Sampling, Structure};
 
 use crate::chat::ChatTemplateError;
+use crate::grammar::{Constraint, Grammars};
 use crate::request::Request;
 use crate::sampler::SamplingParams;
 
 pub use error::PrepareError;
 pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
+pub use structure::{constraint, logit_bias, response_grammar, MAX_LOGIT_BIAS};
 pub use wire::{
     chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, PromptInput,
     MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N, ROLES,
@@ -46,6 +50,10 @@ pub trait Tokenizer {
     /// The BOS token, when the vocabulary asks for one at the start of every prompt.
     fn bos(&self) -> Option<i32>;
     fn n_vocab(&self) -> usize;
+    /// The grammar compiler of this vocabulary (structured outputs), or why there is none.
+    fn grammars(&self) -> Result<&Grammars, String> {
+        Err("this model cannot constrain its answers".into())
+    }
 }
 
 /// A shared model prepares like the model itself.
@@ -61,6 +69,9 @@ impl<T: Tokenizer + ?Sized> Tokenizer for std::sync::Arc<T> {
     }
     fn n_vocab(&self) -> usize {
         (**self).n_vocab()
+    }
+    fn grammars(&self) -> Result<&Grammars, String> {
+        (**self).grammars()
     }
 }
 
@@ -103,17 +114,22 @@ impl Limits {
     }
 }
 
-/// A prepared prompt: its tokens and the parameters to sample it with.
+/// A prepared prompt: its tokens, the parameters to sample it with and the grammar its answer
+/// must match.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     pub prompt: Vec<i32>,
     pub params: SamplingParams,
+    pub constraint: Option<Constraint>,
 }
 
 impl Prepared {
     /// An engine request for this prompt (no fairness group).
     pub fn request(self) -> Request {
-        Request::new(self.prompt, self.params)
+        Request {
+            constraint: self.constraint,
+            ..Request::new(self.prompt, self.params)
+        }
     }
 }
 
@@ -148,10 +164,12 @@ pub fn prepare(
     tok: &dyn Tokenizer,
     input: Input<'_>,
     sampling: &Sampling,
+    structure: &Structure,
     options: &Options,
     limits: Limits,
 ) -> Result<Prepared, PrepareError> {
     let mut params = sampling_params(sampling, options)?;
+    params.logit_bias = logit_bias(sampling.logit_bias.as_ref(), tok.n_vocab())?;
     let prompt = input_tokens(tok, input)?;
     let field = match input {
         Input::Chat(_) => "messages",
@@ -164,7 +182,12 @@ pub fn prepare(
         limits,
         field,
     )?;
-    Ok(Prepared { prompt, params })
+    let constraint = constraint(tok, structure)?;
+    Ok(Prepared {
+        prompt,
+        params,
+        constraint,
+    })
 }
 
 /// Checks a prompt against the context: not empty, at most `max_prompt_tokens`, and room left

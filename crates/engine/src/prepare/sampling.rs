@@ -93,6 +93,8 @@ pub fn sampling_params(s: &Sampling, o: &Options) -> Result<SamplingParams, Prep
         logprobs: o.logprobs,
         ignore_eos: o.ignore_eos,
         cache_prompt: o.cache_prompt,
+        // checked against the vocabulary by the preparation stage (`structure.rs`)
+        logit_bias: Vec::new(),
     };
     p.validate()
         .map_err(|(field, msg)| PrepareError::new(field, msg))?;

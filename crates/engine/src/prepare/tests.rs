@@ -1,4 +1,5 @@
 use super::*;
+use abserve_protocol::Structure;
 
 /// Bytes are tokens; the template writes `<s>` (the BOS text) first when `bos_in_template`.
 struct Bytes {
@@ -72,6 +73,7 @@ fn the_context_clamps_an_unset_max_tokens_and_refuses_an_explicit_one_that_does_
         &tok,
         Input::Text("abcd"),
         &Sampling::default(),
+        &Structure::default(),
         &Options::new(100),
         limits,
     )
@@ -85,6 +87,7 @@ fn the_context_clamps_an_unset_max_tokens_and_refuses_an_explicit_one_that_does_
         &tok,
         Input::Text("abcd"),
         &explicit,
+        &Structure::default(),
         &Options::new(100),
         limits,
     )
@@ -98,6 +101,7 @@ fn the_context_clamps_an_unset_max_tokens_and_refuses_an_explicit_one_that_does_
         &tok,
         Input::Text(&"x".repeat(12)),
         &Sampling::default(),
+        &Structure::default(),
         &Options::new(1),
         limits,
     )
@@ -110,6 +114,7 @@ fn the_context_clamps_an_unset_max_tokens_and_refuses_an_explicit_one_that_does_
         &tok,
         Input::Tokens(&[]),
         &Sampling::default(),
+        &Structure::default(),
         &Options::new(1),
         limits,
     )

@@ -104,15 +104,20 @@ impl Scheduler {
     }
 
     /// Longest prefix of `tokens` that a cached slot or a running sequence holds or will hold
-    /// (at least `min_shared_prefix`, and never the whole prompt: the last prompt token is
+    /// (at least `min_shared_prefix`, and never the last `own_tail` tokens: the last token is
     /// always computed so the request gets its own logits). On equal length a cached slot wins
     /// (taken in place, no copy), then the host store, then a running sequence (copied).
-    pub(super) fn find_source(&self, tokens: &[i32], use_cache: bool) -> Option<(Source, usize)> {
-        if self.cfg.min_shared_prefix == usize::MAX || tokens.len() <= 1 {
+    pub(super) fn find_source(
+        &self,
+        tokens: &[i32],
+        own_tail: usize,
+        use_cache: bool,
+    ) -> Option<(Source, usize)> {
+        if self.cfg.min_shared_prefix == usize::MAX || tokens.len() <= own_tail {
             return None;
         }
         let usable = |common: usize| {
-            let l = common.min(tokens.len() - 1);
+            let l = common.min(tokens.len() - own_tail);
             (l >= self.cfg.min_shared_prefix).then_some(l)
         };
         // holders in tie-break order (a later one must be strictly longer to win); a running
@@ -183,7 +188,7 @@ impl Scheduler {
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
                 // a preempted sequence may take back what it computed before from anywhere
-                self.find_source(&cand.tokens, true)
+                self.find_source(&cand.tokens, cand.own_tail(), true)
             } else {
                 // no cache: the prompt is computed whole (bit-identical logits for a seed)
                 None
@@ -295,7 +300,7 @@ impl Scheduler {
             };
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
-                self.find_source(&cand.tokens, true)
+                self.find_source(&cand.tokens, cand.own_tail(), true)
             } else {
                 None
             };

@@ -11,16 +11,20 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::sample::{self, End};
 use super::seq::Phase;
 use super::stats::EngineStats;
 use super::{Compute, Scheduler};
-use crate::request::{Completion, Event, FinishReason, GenerationError};
+use crate::request::{Completion, Event, GenerationError, GrammarOutcome};
 
-/// Part of a batch: `n` tokens of running sequence `idx`, with logits at batch index `logits`.
+/// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
+/// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
+/// are asked for, at the positions before each: see `sample.rs`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Planned {
     pub idx: usize,
     pub n: usize,
+    pub first: usize,
     pub logits: Option<usize>,
 }
 
@@ -38,6 +42,7 @@ impl Scheduler {
                 plan.push(Planned {
                     idx,
                     n,
+                    first: 0,
                     logits: None,
                 });
                 cap -= n;
@@ -47,11 +52,20 @@ impl Scheduler {
         let mut pos = 0;
         for p in &mut plan {
             let a = &self.running[p.idx];
-            let reaches_end = a.n_past + p.n == a.seq.tokens.len();
+            let len = a.seq.tokens.len();
+            let reaches_end = a.n_past + p.n == len;
+            // the positions whose logits give forced tokens their log-probabilities
+            let forced_rows = if a.seq.sampler.params().logprobs.is_some() {
+                len - a.seq.unemitted - 1..len - 1
+            } else {
+                0..0
+            };
             for k in 0..p.n {
                 let at = a.n_past + k;
-                be.add(a.seq.tokens[at], at, a.slot, reaches_end && k == p.n - 1);
+                let last = reaches_end && k == p.n - 1;
+                be.add(a.seq.tokens[at], at, a.slot, last || forced_rows.contains(&at));
             }
+            p.first = pos;
             pos += p.n;
             p.logits = reaches_end.then_some(pos - 1);
         }
@@ -79,52 +93,42 @@ impl Scheduler {
         let mut finished = Vec::new();
         for p in plan {
             let a = &mut self.running[p.idx];
+            let start = a.n_past;
             let prompt_part = a.seq.n_prompt.saturating_sub(a.n_past).min(p.n);
             EngineStats::add(&self.stats.prompt_tokens_computed, prompt_part);
             let new = self.cells.alloc_n(p.n);
             a.cells.extend(new);
             a.n_past += p.n;
-            let Some(bi) = p.logits else { continue };
-            let s = &mut a.seq;
-            let recent_start = s
-                .tokens
-                .len()
-                .saturating_sub(crate::sampler::PENALTY_LAST_N);
-            let (tok, logprob) = s.sampler.sample(be.logits(bi), &s.tokens[recent_start..]);
-            s.sampler.accept(tok);
-            s.tokens.push(tok);
-            s.first_token.get_or_insert_with(Instant::now);
-            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            let eog = be.is_eog(tok) && !s.sampler.params().ignore_eos;
-            let mut finish = None;
-            if eog {
-                finish = Some(FinishReason::Stop);
-                let _ = s.tx.send(Event::Token {
-                    token: tok,
-                    text: String::new(),
-                    logprob,
-                });
-            } else {
-                let push = s.text.push(&be.piece(tok));
-                let _ = s.tx.send(Event::Token {
-                    token: tok,
-                    text: push.text,
-                    logprob,
-                });
-                if push.stopped {
-                    finish = Some(FinishReason::Stop);
+            let mut end = sample::emit_forced(&mut a.seq, be, start, p);
+            if end.is_none() {
+                if let Some(bi) = p.logits {
+                    end = sample::next(&mut a.seq, be, bi, self.cfg.fast_forward, &self.stats);
                 }
             }
-            if finish.is_none() && s.tokens.len() >= s.limit {
-                finish = Some(FinishReason::Length);
+            if a.n_past > a.seq.tokens.len() {
+                // a stop string inside forced tokens: the KV past it goes
+                let len = a.seq.tokens.len();
+                be.truncate_seq(a.slot, len);
+                self.cells.release(&a.cells[len..]);
+                a.cells.truncate(len);
+                a.n_past = len;
             }
-            if let Some(f) = finish {
-                finished.push((p.idx, f));
+            if let Some(end) = end {
+                finished.push((p.idx, end));
             }
         }
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
-        for &(i, reason) in &finished {
+        for (i, end) in finished {
             let a = self.running.remove(i);
+            let reason = match end {
+                End::Finish(reason) => reason,
+                End::Fail(e) => {
+                    let s = self.release(be, a);
+                    self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+                    let _ = s.tx.send(Event::Error(e));
+                    continue;
+                }
+            };
             let mut s = if self.caching() {
                 self.keep_prefix(be, a)
             } else {
@@ -132,6 +136,11 @@ impl Scheduler {
             };
             let now = Instant::now();
             let admitted = s.admitted.unwrap_or(s.arrived);
+            let grammar = s.constraint.as_mut().map(|c| GrammarOutcome {
+                kind: c.kind(),
+                complete: c.is_stopped() || c.is_accepting(),
+                forced_tokens: s.forced,
+            });
             let done = Completion {
                 finish_reason: reason,
                 prompt_tokens: s.n_prompt,
@@ -142,6 +151,7 @@ impl Scheduler {
                 time_to_first_token: s.first_token.unwrap_or(now) - s.arrived,
                 total_time: now - s.arrived,
                 tail_text: s.text.finish(),
+                grammar,
             };
             let _ = s.tx.send(Event::Done(done));
             self.stats.completed.fetch_add(1, Ordering::Relaxed);

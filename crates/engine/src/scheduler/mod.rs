@@ -21,6 +21,7 @@ mod admission;
 mod batch;
 mod itl;
 mod kv;
+mod sample;
 mod seq;
 mod stats;
 
@@ -83,6 +84,9 @@ pub struct SchedulerConfig {
     pub prefix_store_bytes: usize,
     /// Seed of the tie-break stream (fixed in tests).
     pub seed: u64,
+    /// Append the tokens a grammar forces without sampling them (`sample.rs`); off, the mask
+    /// admits them one per step.
+    pub fast_forward: bool,
 }
 
 impl SchedulerConfig {
@@ -99,6 +103,7 @@ impl SchedulerConfig {
             max_itl: None,
             prefix_store_bytes: 0,
             seed: 0x5eed,
+            fast_forward: true,
         }
     }
 
@@ -242,6 +247,9 @@ impl Scheduler {
             preemptions: 0,
             shared_prompt_tokens: 0,
             gang: None,
+            constraint: req.constraint,
+            unemitted: 0,
+            forced: 0,
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);

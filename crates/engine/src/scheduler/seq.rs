@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use crate::grammar::Constraint;
 use crate::request::EventSender;
 use crate::sampler::Sampler;
 use crate::text::TextStream;
@@ -35,11 +36,23 @@ pub(super) struct Seq {
     /// Members of one group submission (`Engine::submit_group`: a fan-out, `n` choices, a
     /// multi-prompt completion) share this id: they are admitted in one step, or all wait.
     pub gang: Option<u64>,
+    /// The grammar the answer must match; survives preemption with the tokens it has seen.
+    pub constraint: Option<Constraint>,
+    /// Trailing tokens of `tokens` not yet sent: forced tokens waiting for the decode of the
+    /// position before them (see `sample.rs`).
+    pub unemitted: usize,
+    /// Tokens the grammar forced so far.
+    pub forced: usize,
 }
 
 impl Seq {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.n_prompt
+    }
+    /// Trailing tokens that must be computed by this sequence itself, never taken from a shared
+    /// prefix: the last (its own logits) and the forced tokens not yet emitted (their logits).
+    pub fn own_tail(&self) -> usize {
+        1 + self.unemitted
     }
     pub fn uses_prompt_cache(&self) -> bool {
         self.sampler.params().uses_prompt_cache()

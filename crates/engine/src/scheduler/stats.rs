@@ -44,6 +44,19 @@ pub struct EngineStats {
     pub(crate) itl_held: AtomicU64,
     /// Impossible states met (each failed one request) and panics caught (each failed all).
     pub(crate) faults: AtomicU64,
+    /// Grammars compiled (`Grammars::compile`, in the preparation stage) and the microseconds they took.
+    pub(crate) grammar_compiles: AtomicU64,
+    pub(crate) grammar_compile_micros: AtomicU64,
+    /// Grammars refused at compile time (a 400) or failed during generation (a per-step limit).
+    pub(crate) grammar_rejections: AtomicU64,
+    /// Token masks computed for constrained sequences, and the microseconds they took.
+    pub(crate) grammar_masks: AtomicU64,
+    pub(crate) grammar_mask_micros: AtomicU64,
+    /// Tokens generated under a grammar, and of those the ones the grammar forced (fast-forward).
+    pub(crate) constrained_tokens: AtomicU64,
+    pub(crate) forced_tokens: AtomicU64,
+    /// Constrained sequences running now (each holds one matcher).
+    pub(crate) constrained_running: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
 }
@@ -73,6 +86,14 @@ impl EngineStats {
             prefix_store_bytes: l(&self.prefix_store_bytes),
             prefix_store_entries: l(&self.prefix_store_entries),
             prefix_restores: l(&self.prefix_restores),
+            grammar_compiles: l(&self.grammar_compiles),
+            grammar_compile_micros: l(&self.grammar_compile_micros),
+            grammar_rejections: l(&self.grammar_rejections),
+            grammar_masks: l(&self.grammar_masks),
+            grammar_mask_micros: l(&self.grammar_mask_micros),
+            constrained_tokens: l(&self.constrained_tokens),
+            forced_tokens: l(&self.forced_tokens),
+            constrained_running: l(&self.constrained_running),
         }
     }
 
@@ -121,4 +142,12 @@ pub struct StatsSnapshot {
     pub prefix_store_bytes: u64,
     pub prefix_store_entries: u64,
     pub prefix_restores: u64,
+    pub grammar_compiles: u64,
+    pub grammar_compile_micros: u64,
+    pub grammar_rejections: u64,
+    pub grammar_masks: u64,
+    pub grammar_mask_micros: u64,
+    pub constrained_tokens: u64,
+    pub forced_tokens: u64,
+    pub constrained_running: u64,
 }

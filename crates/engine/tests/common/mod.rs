@@ -64,6 +64,7 @@ pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedRece
             group: None,
             priority: false,
             kv_share: None,
+            constraint: None,
         })
         .expect("submit")
 }
@@ -80,6 +81,7 @@ pub fn run_all(engine: &Engine, prompts: &[Vec<i32>], params: &SamplingParams) -
                     group: None,
                     priority: false,
                     kv_share: None,
+                    constraint: None,
                 })
                 .expect("submit")
         })

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::Sampling;
+use crate::structure::Structure;
 pub use crate::inputs::Stop;
 #[allow(unused_imports)] // used by the schema examples
 use serde_json::json;
@@ -73,6 +74,9 @@ pub struct Common {
     /// temperature, top_p, max_tokens, stop, seed, penalties… (one struct everywhere).
     #[serde(flatten)]
     pub sampling: Sampling,
+    /// response_format, tools, tool_choice, parallel_tool_calls.
+    #[serde(flatten)]
+    pub structure: Structure,
     /// The end user; abserve assigns experiment variants by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,

@@ -172,6 +172,7 @@ impl EngineApi for Fake {
             time_to_first_token: Duration::from_millis(3),
             total_time: Duration::from_millis(10),
             tail_text: String::new(),
+            grammar: None,
         }));
         self.ctl.submitted.lock().unwrap().push(req);
         Ok(rx)

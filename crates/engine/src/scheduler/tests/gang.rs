@@ -15,6 +15,7 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
                 group: Some("g".into()),
                 priority: false,
                 kv_share: None,
+                constraint: None,
             };
             ((req, tx), rx)
         })

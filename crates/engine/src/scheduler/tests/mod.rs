@@ -2,9 +2,11 @@
 //! in the KV cache, so a wrong shared prefix, a wrong copy or a wrong recompute changes the
 //! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
 //! sequence id where a prefix can only be given by copying a whole stream. `unified.rs` tests
-//! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions.
+//! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions,
+//! `grammar.rs` constrained sequences (masks, forced tokens).
 
 mod gang;
+mod grammar;
 mod split;
 mod unified;
 
@@ -51,6 +53,8 @@ struct Fake {
     peak_used: usize,
     /// Emit end-of-generation when the hash says so (off: sequences run to max_tokens).
     eog: bool,
+    /// Each token's text (`None`: `<id>`); the grammar tests use a JSON vocabulary.
+    pieces: Option<Vec<Vec<u8>>>,
 }
 
 impl Fake {
@@ -69,6 +73,7 @@ impl Fake {
             per_decode: vec![],
             pending: vec![],
             computed: HashMap::new(),
+            pieces: None,
         }
     }
     fn split(slots: usize, per: usize) -> Self {
@@ -298,7 +303,10 @@ impl Compute for Fake {
         }
     }
     fn piece(&self, token: i32) -> Vec<u8> {
-        format!("<{token}>").into_bytes()
+        match &self.pieces {
+            Some(p) => p[token as usize].clone(),
+            None => format!("<{token}>").into_bytes(),
+        }
     }
     fn is_eog(&self, token: i32) -> bool {
         token == EOG
@@ -319,6 +327,7 @@ fn submit(
             group: Some(group.into()),
             priority: false,
             kv_share: None,
+            constraint: None,
         },
         tx,
     );

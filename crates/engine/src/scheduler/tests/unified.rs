@@ -89,6 +89,7 @@ fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
                 group: None,
                 priority: false,
                 kv_share: None,
+                constraint: None,
             },
             tx,
         );
@@ -264,6 +265,7 @@ fn eog_stops_and_stop_strings_cut() {
             group: None,
             priority: false,
             kv_share: None,
+            constraint: None,
         },
         tx,
     );
@@ -289,6 +291,7 @@ fn a_group_with_a_kv_share_never_holds_more_and_others_keep_running() {
                 group: Some("capped".into()),
                 priority: false,
                 kv_share: Some(0.25),
+                constraint: None,
             },
             tx,
         );

@@ -1,0 +1,230 @@
+//! Constrained decoding with llguidance: a [`Grammar`] (a JSON Schema, any JSON object, a regular
+//! expression or a Lark grammar) compiled by [`Grammars`] into a per-sequence [`Constraint`]
+//! that the scheduler consults at every sampled token.
+//!
+//! Invariants:
+//! - **Compiled off the engine thread**: [`Grammars::compile`] runs in the preparation stage (on
+//!   the server's bounded preparation pool), within llguidance's fuel and size limits
+//!   ([`limits`]) and a compile-time budget ([`COMPILE_BUDGET`]); a grammar over a limit is a
+//!   [`PrepareError`] naming the field and the limit, never a stalled engine.
+//! - **Every sampled token is allowed by the grammar**: the mask is applied before sampling; an
+//!   end-of-generation token is allowed only where the grammar may end; every accepted token
+//!   advances the matcher. A mask costs at most llguidance's per-step fuel
+//!   (`step_lexer_fuel`), so a hostile grammar slows its own sequence by a bounded amount per
+//!   token and no other.
+//! - **Forced tokens are the grammar's canonical tokenization**: [`Constraint::forced`] returns
+//!   the tokens the grammar allows as the only continuation (llguidance's fast-forward tokens:
+//!   the model's own tokenizer applied to the forced bytes). Without fast-forward the mask admits
+//!   exactly those tokens one at a time, so both paths produce the same tokens.
+//! - **The prompt's KV never depends on the grammar**: a constraint only masks sampling, so
+//!   cached prefixes are shared across grammars.
+
+mod vocab;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::{Matcher, ParserFactory};
+use toktrie::{SimpleVob, TokEnv};
+
+use crate::prepare::PrepareError;
+use crate::scheduler::EngineStats;
+
+pub use vocab::{TokenBytes, Vocab};
+
+/// What an answer must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A JSON Schema (OpenAI's `json_schema`).
+    JsonSchema(serde_json::Value),
+    /// A regular expression the whole answer matches (Rust regex syntax).
+    Regex(String),
+    /// A Lark grammar in llguidance's dialect.
+    Lark(String),
+}
+
+impl Grammar {
+    /// A short stable name (metrics labels, exposures).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Grammar::JsonObject => "json_object",
+            Grammar::JsonSchema(_) => "json_schema",
+            Grammar::Regex(_) => "regex",
+            Grammar::Lark(_) => "lark",
+        }
+    }
+}
+
+/// Longest a grammar may take to compile (with its first mask) before it is refused.
+pub const COMPILE_BUDGET: Duration = Duration::from_secs(2);
+
+/// llguidance's limits as abserve sets them: its defaults, with fewer lexer states (memory per
+/// sequence: about 1–2 kB each) and a smaller grammar.
+pub fn limits() -> ParserLimits {
+    ParserLimits {
+        max_lexer_states: 50_000,
+        max_grammar_size: 200_000,
+        ..ParserLimits::default()
+    }
+}
+
+/// JSON as the answers are written: `", "` and `": "` between items, no other whitespace (a
+/// small model left free to write whitespace can write it forever). A schema's own
+/// `x-guidance` object overrides this (llguidance's JSON options).
+fn json_options() -> serde_json::Value {
+    serde_json::json!({
+        "item_separator": ", ",
+        "key_separator": ": ",
+        "whitespace_flexible": false,
+    })
+}
+
+/// Compiles grammars for one model's vocabulary (built once, shared by every request).
+pub struct Grammars {
+    factory: ParserFactory,
+    stats: Arc<EngineStats>,
+}
+
+impl Grammars {
+    pub fn new(vocab: Vocab, stats: Arc<EngineStats>) -> Result<Grammars, String> {
+        let env: TokEnv = vocab.into_env();
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        Ok(Grammars { factory, stats })
+    }
+
+    /// `grammar` as a fresh matcher, or an error naming `field` (`response_format`, `tools`).
+    pub fn compile(&self, grammar: &Grammar, field: &str) -> Result<Constraint, PrepareError> {
+        let t0 = Instant::now();
+        let top = match grammar {
+            Grammar::JsonObject => json_schema(serde_json::json!({"type": "object"})),
+            Grammar::JsonSchema(s) => json_schema(s.clone()),
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
+        };
+        let refuse = |message: String| {
+            self.stats.grammar_rejections.fetch_add(1, Ordering::Relaxed);
+            PrepareError::new(field, message)
+        };
+        let mut matcher = Matcher::new(self.factory.create_parser(top));
+        if let Some(e) = matcher.get_error() {
+            return Err(refuse(format!("the {} does not compile: {e}", what(grammar))));
+        }
+        // the first mask: proves the grammar can start, and warms the lexer
+        if let Err(e) = matcher.compute_mask() {
+            return Err(refuse(format!(
+                "the {} allows no answer: {e}",
+                what(grammar)
+            )));
+        }
+        let took = t0.elapsed();
+        EngineStats::add(&self.stats.grammar_compiles, 1);
+        EngineStats::add(&self.stats.grammar_compile_micros, took.as_micros() as usize);
+        if took > COMPILE_BUDGET {
+            return Err(refuse(format!(
+                "the {} took {} ms to compile, over the budget of {} ms",
+                what(grammar),
+                took.as_millis(),
+                COMPILE_BUDGET.as_millis()
+            ))
+            .beyond(format!("{} ms", COMPILE_BUDGET.as_millis()), format!("{} ms", took.as_millis())));
+        }
+        Ok(Constraint {
+            matcher,
+            kind: grammar.kind(),
+            failed: None,
+        })
+    }
+}
+
+fn what(g: &Grammar) -> &'static str {
+    match g {
+        Grammar::JsonObject | Grammar::JsonSchema(_) => "JSON schema",
+        Grammar::Regex(_) => "regular expression",
+        Grammar::Lark(_) => "Lark grammar",
+    }
+}
+
+fn json_schema(mut schema: serde_json::Value) -> TopLevelGrammar {
+    if let Some(obj) = schema.as_object_mut() {
+        if !obj.contains_key("x-guidance") {
+            obj.insert("x-guidance".into(), json_options());
+        }
+    }
+    TopLevelGrammar::from_json_schema(schema)
+}
+
+/// One sequence's grammar state: which tokens may come next, advanced by every accepted token.
+#[derive(Clone)]
+pub struct Constraint {
+    matcher: Matcher,
+    kind: &'static str,
+    /// Why the matcher failed mid-generation (a per-step limit).
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The tokens allowed next (end-of-generation tokens only where the grammar may end).
+    pub fn mask(&mut self) -> Result<SimpleVob, String> {
+        self.matcher.compute_mask().map_err(|e| self.fail(e.to_string()))
+    }
+
+    /// Advances the grammar by an accepted token.
+    pub fn commit(&mut self, token: i32) -> Result<(), String> {
+        self.matcher
+            .consume_token(token as u32)
+            .map_err(|e| self.fail(e.to_string()))
+    }
+
+    /// The tokens the grammar forces next (at most `max`), already committed.
+    pub fn forced(&mut self, max: usize) -> Vec<i32> {
+        if max == 0 || self.matcher.is_stopped() {
+            return Vec::new();
+        }
+        let mut ff = self.matcher.compute_ff_tokens();
+        ff.truncate(max);
+        if ff.is_empty() || self.matcher.consume_tokens(&ff).is_err() {
+            return Vec::new();
+        }
+        ff.into_iter().map(|t| t as i32).collect()
+    }
+
+    /// The grammar is complete and allows nothing more.
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+
+    /// The answer so far is a complete match (the grammar may end here).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Why the grammar failed during generation, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    fn fail(&mut self, e: String) -> String {
+        self.failed.get_or_insert(e).clone()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
