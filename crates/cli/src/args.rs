@@ -40,6 +40,11 @@ pub struct ModelArgs {
     /// with the KV cache.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub flash_attn: String,
+    /// Structured outputs: append the tokens a grammar forces (keys, punctuation) without
+    /// sampling them, computed together like a prompt chunk: on (default) or off (one per step;
+    /// the same tokens, more steps).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub fast_forward: String,
     /// CPU threads for llama.cpp (default: all cores).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -106,6 +111,7 @@ impl ModelArgs {
         c.kv_cells_cap = self.kv_cells;
         c.n_batch = self.batch;
         c.flash_attention = self.flash_attn == "on";
+        c.fast_forward = self.fast_forward == "on";
         c.kv_unified = self.kv_unified;
         if !(self.max_itl_ms >= 0.0 && self.max_itl_ms.is_finite()) {
             anyhow::bail!(

@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub max_itl_ms: f64,
     /// Host-memory prefix store bytes (`None`: 5% of the budget with split streams; 0: off).
     pub prefix_store: Option<u64>,
+    /// Append the tokens a grammar forces without sampling them (structured outputs).
+    pub fast_forward: bool,
     /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
     /// `None`: everything on the host.
     pub device: Option<DeviceHandle>,
@@ -128,6 +130,7 @@ impl EngineConfig {
             kv_unified: false,
             max_itl_ms: 0.0,
             prefix_store: None,
+            fast_forward: true,
             device: None,
             gpu_layers: None,
             device_budget: Budget::Fraction(1.0),
@@ -172,6 +175,7 @@ impl EngineConfig {
         s.prefix_store_bytes = plan.prefix_store_bytes as usize;
         s.max_itl = (self.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(self.max_itl_ms / 1e3));
         s.admission_control = self.admission_control;
+        s.fast_forward = self.fast_forward;
         if !self.prefix_sharing {
             s.min_shared_prefix = usize::MAX;
         }

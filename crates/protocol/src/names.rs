@@ -51,6 +51,17 @@ pub const PREFIX_COPIES: &str = "abserve_prefix_copies_total";
 pub const PREFIX_RESTORES: &str = "abserve_prefix_restores_total";
 /// Impossible states the engine met (each failed one request) and panics it caught.
 pub const ENGINE_FAULTS: &str = "abserve_engine_faults_total";
+/// Structured outputs: grammars compiled (and the seconds it took, summed), refused (at compile
+/// time or by a per-step limit), token masks computed (and their seconds), tokens generated
+/// under a grammar and the ones it forced (fast-forward), constrained sequences running.
+pub const GRAMMAR_COMPILES: &str = "abserve_grammar_compiles_total";
+pub const GRAMMAR_COMPILE_SECONDS: &str = "abserve_grammar_compile_seconds_total";
+pub const GRAMMAR_REJECTIONS: &str = "abserve_grammar_rejections_total";
+pub const GRAMMAR_MASKS: &str = "abserve_grammar_masks_total";
+pub const GRAMMAR_MASK_SECONDS: &str = "abserve_grammar_mask_seconds_total";
+pub const CONSTRAINED_TOKENS: &str = "abserve_constrained_tokens_total";
+pub const FORCED_TOKENS: &str = "abserve_forced_tokens_total";
+pub const CONSTRAINED_SEQUENCES: &str = "abserve_constrained_sequences_running";
 pub const PREFIX_STORE_BYTES: &str = "abserve_prefix_store_bytes";
 pub const PREFIX_STORE_ENTRIES: &str = "abserve_prefix_store_entries";
 

@@ -21,7 +21,7 @@ use crate::experiments::route;
 use crate::respond::{collect_response, now_secs, stream_response};
 use crate::state::{AppState, GroupOf};
 use crate::valid::{Kind, Routed, ValidRequest};
-use crate::validate::parse_body;
+use crate::validate::parse_openai;
 
 fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
@@ -92,7 +92,7 @@ fn chat_request(
     body: &[u8],
     headers: &HeaderMap,
 ) -> Result<ValidRequest, ApiError> {
-    let req: ChatRequest = parse_body(body)?;
+    let req: ChatRequest = parse_openai(body)?;
     let mut messages = chat_messages(&req)?;
     let n = n_choices(req.common.n)?;
     let (mut sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
@@ -130,7 +130,7 @@ fn completion_request(
     body: &[u8],
     headers: &HeaderMap,
 ) -> Result<ValidRequest, ApiError> {
-    let req: CompletionRequest = parse_body(body)?;
+    let req: CompletionRequest = parse_openai(body)?;
     let n = n_choices(req.common.n)?;
     let mut prompts = completion_prompts(&req, n, state.engine.n_vocab())?;
     let (mut sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);

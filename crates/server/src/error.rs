@@ -37,11 +37,15 @@ impl ApiError {
         e
     }
     /// A generation that ended without an answer: 500 for an internal engine error (a bug, the
-    /// state named), else 503 (the engine is stopping, or out of memory without admission
+    /// state named), 400 for a grammar that failed during generation, else 503 (the engine is stopping, or out of memory without admission
     /// control).
     pub fn generation(e: abserve_engine::GenerationError) -> Self {
         match e {
             abserve_engine::GenerationError::Internal(_) => Self::internal(e.to_string()),
+            // the request's own grammar passed a per-step limit: its fault, as a compile error is
+            abserve_engine::GenerationError::Grammar(_) => {
+                Self::invalid_param("response_format", e.to_string())
+            }
             e => Self::unavailable(e.to_string()),
         }
     }

@@ -45,6 +45,7 @@ pub struct Metrics {
     prefix_store_entries: IntGauge,
     prefix_restores: IntCounter,
     engine_faults: IntCounter,
+    grammar: GrammarMetrics,
     /// Run at every scrape before rendering: copy figures kept elsewhere (the worker's job
     /// counts) into collectors registered with [`Metrics::register`].
     hooks: std::sync::Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
@@ -317,6 +318,7 @@ impl Metrics {
             prefix_store_bytes: reg.gauge(names::PREFIX_STORE_BYTES, "Host memory held by saved prompt prefixes")?,
             prefix_store_entries: reg.gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory")?,
             prefix_restores: reg.counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot")?,
+            grammar: GrammarMetrics::new(&reg)?,
             engine_faults: reg.counter(names::ENGINE_FAULTS, "Impossible engine states met (each failed one request) and engine panics caught (each failed every request in flight)")?,
             itl_held: reg.gauge(
                 names::REQUESTS_HELD_FOR_LATENCY,
@@ -406,6 +408,7 @@ impl Metrics {
         self.prefix_store_entries.set(s.prefix_store_entries as i64);
         bump(&self.prefix_restores, s.prefix_restores);
         bump(&self.engine_faults, s.faults);
+        self.grammar.copy(&s);
         // experiment names are defined by the operator, so this label stays bounded
         for (name, now, peak) in self.stats.groups() {
             self.experiment_kv
@@ -441,5 +444,51 @@ impl Metrics {
 
     pub fn reject(&self, reason: &str) {
         self.rejections_total.with_label_values(&[reason]).inc();
+    }
+}
+
+/// Structured outputs: compile and mask time, forced-token share, rejections.
+struct GrammarMetrics {
+    compiles: IntCounter,
+    compile_seconds: prometheus::Counter,
+    rejections: IntCounter,
+    masks: IntCounter,
+    mask_seconds: prometheus::Counter,
+    constrained_tokens: IntCounter,
+    forced_tokens: IntCounter,
+    running: IntGauge,
+}
+
+impl GrammarMetrics {
+    fn new(reg: &Reg<'_>) -> prometheus::Result<Self> {
+        let seconds = |name: &str, help: &str| reg.add(prometheus::Counter::new(name, help)?);
+        Ok(GrammarMetrics {
+            compiles: reg.counter(names::GRAMMAR_COMPILES, "Grammars compiled for structured outputs (response_format, tools)")?,
+            compile_seconds: seconds(names::GRAMMAR_COMPILE_SECONDS, "Seconds spent compiling grammars (with their first mask)")?,
+            rejections: reg.counter(names::GRAMMAR_REJECTIONS, "Grammars refused at compile time (400) or failed by a per-step limit during generation")?,
+            masks: reg.counter(names::GRAMMAR_MASKS, "Token masks computed for constrained sequences")?,
+            mask_seconds: seconds(names::GRAMMAR_MASK_SECONDS, "Seconds spent computing token masks (mask time per token = this / masks)")?,
+            constrained_tokens: reg.counter(names::CONSTRAINED_TOKENS, "Tokens generated under a grammar (sampled or forced)")?,
+            forced_tokens: reg.counter(names::FORCED_TOKENS, "Tokens a grammar forced and that were appended without sampling (fast-forward)")?,
+            running: reg.gauge(names::CONSTRAINED_SEQUENCES, "Constrained sequences running (each holds one grammar matcher)")?,
+        })
+    }
+
+    fn copy(&self, s: &abserve_engine::StatsSnapshot) {
+        let bump = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+        let secs = |c: &prometheus::Counter, micros: u64| {
+            let v = micros as f64 / 1e6;
+            if v > c.get() {
+                c.inc_by(v - c.get());
+            }
+        };
+        bump(&self.compiles, s.grammar_compiles);
+        secs(&self.compile_seconds, s.grammar_compile_micros);
+        bump(&self.rejections, s.grammar_rejections);
+        bump(&self.masks, s.grammar_masks);
+        secs(&self.mask_seconds, s.grammar_mask_micros);
+        bump(&self.constrained_tokens, s.constrained_tokens);
+        bump(&self.forced_tokens, s.forced_tokens);
+        self.running.set(s.constrained_running as i64);
     }
 }

@@ -4,9 +4,11 @@
 //! will produce, so an experiment that is created can serve. A [`PrepareError`] becomes a 400
 //! naming the parameter (`error.rs`), as OpenAI answers them.
 //!
-//! Unknown fields are ignored (clients send many); wrong types are a 400 saying what is wrong.
+//! Unknown fields are ignored (clients send many), except the fields of OpenAI's API and its
+//! peers that would change the answer and that abserve does not implement (a 400 naming each);
+//! wrong types are a 400 saying what is wrong.
 
-use abserve_engine::prepare::{sampling_params, Options, PrepareError};
+use abserve_engine::prepare::{sampling_params, unsupported_fields, Options, PrepareError};
 
 use crate::error::ApiError;
 
@@ -24,6 +26,20 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Api
     }
     serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("Invalid request: {e}")))
+}
+
+/// Parses an OpenAI request body (chat or completions): [`parse_body`], after refusing every
+/// field abserve cannot honour (`abserve_engine::prepare::UNSUPPORTED`) with a 400 naming it.
+pub fn parse_openai<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "We could not parse the JSON body of your request: {e}"
+        ))
+    })?;
+    if let Some(body) = value.as_object() {
+        unsupported_fields(body)?;
+    }
+    parse_body(bytes)
 }
 
 /// Checks an experiment's variant as the request it will produce: its sampling settings by the

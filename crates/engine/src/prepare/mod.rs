@@ -36,8 +36,9 @@ pub use error::PrepareError;
 pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
 pub use structure::{constraint, logit_bias, response_grammar, MAX_LOGIT_BIAS};
 pub use wire::{
-    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, PromptInput,
-    MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N, ROLES,
+    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices,
+    unsupported_fields, PromptInput, MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N,
+    ROLES, UNSUPPORTED,
 };
 
 /// What preparation needs of a model: its chat template and its vocabulary. The engine

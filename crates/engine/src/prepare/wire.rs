@@ -185,3 +185,70 @@ pub enum PromptInput {
     Text(String),
     Tokens(Vec<i32>),
 }
+
+/// Fields of OpenAI's API (and of vLLM's and llama.cpp's servers) that change what the answer
+/// must be and that abserve does not implement, with what to use instead. A request that sets
+/// one gets a 400 naming it instead of an answer that silently ignores it. (Fields that do not
+/// change the answer — `store`, `service_tier`, `prompt_cache_key`, `safety_identifier` — are
+/// accepted and ignored.)
+pub const UNSUPPORTED: &[(&str, &str)] = &[
+    ("functions", "use tools"),
+    ("function_call", "use tool_choice"),
+    ("audio", "abserve answers in text only"),
+    ("prediction", "predicted outputs are not supported"),
+    ("web_search_options", "web search is not supported"),
+    ("reasoning_effort", "the served models do not reason"),
+    ("verbosity", "verbosity is not supported"),
+    ("suffix", "insertion (suffix) is not supported"),
+    ("use_beam_search", "beam search is not supported"),
+    ("length_penalty", "beam search is not supported"),
+    ("min_tokens", "min_tokens is not supported"),
+    ("typical_p", "typical sampling is not supported"),
+    ("mirostat", "mirostat sampling is not supported"),
+    ("guided_json", "use response_format {type: json_schema}"),
+    ("guided_regex", "use response_format {type: regex}"),
+    ("guided_grammar", "use response_format {type: lark}"),
+    ("guided_choice", "use response_format {type: json_schema} with an enum"),
+    ("guided_decoding_backend", "abserve always decodes with llguidance"),
+    ("structured_outputs", "use response_format"),
+    ("grammar", "use response_format {type: lark} (GBNF is not supported)"),
+    ("json_schema", "use response_format {type: json_schema}"),
+    ("lora", "LoRA adapters are not supported yet"),
+];
+
+/// A 400 for the first field of `body` that abserve cannot honour (see [`UNSUPPORTED`]):
+/// `modalities` other than text, `best_of` above 1, and every field listed there.
+pub fn unsupported_fields(
+    body: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), PrepareError> {
+    use serde_json::Value;
+    for (name, instead) in UNSUPPORTED {
+        match body.get(*name) {
+            None | Some(Value::Null) => {}
+            Some(_) => {
+                return Err(PrepareError::new(
+                    *name,
+                    format!("{name} is not supported by this server: {instead}"),
+                ))
+            }
+        }
+    }
+    match body.get("modalities") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(m)) if m.iter().all(|v| v == "text") => {}
+        Some(_) => {
+            return Err(PrepareError::new(
+                "modalities",
+                "abserve answers in text only: modalities may only be [\"text\"]",
+            ))
+        }
+    }
+    match body.get("best_of") {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_i64() == Some(1) => Ok(()),
+        Some(v) => Err(PrepareError::new(
+            "best_of",
+            format!("best_of is not supported (only 1), got {v}"),
+        )),
+    }
+}

@@ -287,6 +287,10 @@ impl Scheduler {
         self.stats
             .running
             .store(self.running.len() as u64, Ordering::Relaxed);
+        let constrained = self.running.iter().filter(|a| a.seq.constraint.is_some());
+        self.stats
+            .constrained_running
+            .store(constrained.count() as u64, Ordering::Relaxed);
         self.stats
             .waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use abserve_engine::device::{Device, FakeDevice};
 use abserve_engine::gguf::ModelShape;
 use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
+use abserve_engine::grammar::{Grammars, Vocab};
 use abserve_engine::prepare::Tokenizer;
 use abserve_engine::{
     ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request,
@@ -28,6 +29,8 @@ pub struct Fake {
     plan: MemoryPlan,
     ctl: Arc<Control>,
     device: Option<Arc<FakeDevice>>,
+    /// Grammars over the byte vocabulary (structured outputs compile; the answer stays canned).
+    grammars: Grammars,
 }
 
 /// What a test sets and reads while the server owns the fake.
@@ -81,7 +84,14 @@ impl Fake {
                 weights_bytes: 1 << 20,
             }),
         });
-        Fake { plan, ctl, device }
+        let grammars = Grammars::new(Vocab::bytes(), Arc::new(abserve_engine::EngineStats::default()))
+            .expect("the byte vocabulary builds");
+        Fake {
+            plan,
+            ctl,
+            device,
+            grammars,
+        }
     }
 }
 
@@ -103,6 +113,9 @@ impl Tokenizer for Fake {
     }
     fn n_vocab(&self) -> usize {
         256
+    }
+    fn grammars(&self) -> Result<&Grammars, String> {
+        Ok(&self.grammars)
     }
 }
 

@@ -6,6 +6,7 @@ mod engine_death;
 mod experiments;
 mod fake;
 mod ops;
+mod structured;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
