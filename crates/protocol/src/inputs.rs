@@ -10,6 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::structure::ToolCall;
+
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
@@ -27,11 +29,16 @@ impl Stop {
     }
 }
 
-/// One chat message after validation: a role and its text (content parts joined).
+/// One chat message after validation: a role and its text (content parts joined), and for the
+/// tool-calling history the calls an assistant made and the call a `tool` message answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -39,6 +46,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }

@@ -32,6 +32,6 @@ pub use inputs::{ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};
 pub use sse::{SseDecoder, SseEvent};
 pub use structure::{
-    FunctionDef, JsonSchemaFormat, NamedFunction, NamedTool, ResponseFormat, Structure, Tool,
-    ToolChoice,
+    FunctionCall, FunctionCallDelta, FunctionDef, JsonSchemaFormat, NamedFunction, NamedTool,
+    ResponseFormat, Structure, Tool, ToolCall, ToolCallDelta, ToolChoice,
 };

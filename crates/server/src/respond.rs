@@ -170,6 +170,7 @@ pub(crate) async fn collect_response(
                 choice.message = Some(ResponseMessage {
                     role: "assistant".into(),
                     content: Some(c.text),
+                    tool_calls: None,
                 })
             }
             Kind::Text => choice.text = Some(c.text),
@@ -235,8 +236,8 @@ impl Chunker {
             Kind::Chat => ChunkChoice {
                 index: i as u32,
                 delta: Some(Delta {
-                    role: None,
                     content: text,
+                    ..Default::default()
                 }),
                 ..Default::default()
             },
@@ -305,6 +306,7 @@ fn role_chunks(chunker: &Chunker, choices: usize) -> Vec<Chunk> {
             let delta = Delta {
                 role: Some("assistant".into()),
                 content: Some(String::new()),
+                tool_calls: None,
             };
             chunker.chunk(vec![ChunkChoice {
                 index: i as u32,

@@ -150,13 +150,19 @@ fn what(g: &Grammar) -> &'static str {
     }
 }
 
-fn json_schema(mut schema: serde_json::Value) -> TopLevelGrammar {
+fn json_schema(schema: serde_json::Value) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(with_json_options(schema))
+}
+
+/// `schema` with abserve's JSON layout (`", "`, `": "`, no free whitespace) unless it sets its
+/// own `x-guidance`; for schemas embedded in a Lark grammar (`%json { … }`) too.
+pub fn with_json_options(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(obj) = schema.as_object_mut() {
         if !obj.contains_key("x-guidance") {
             obj.insert("x-guidance".into(), json_options());
         }
     }
-    TopLevelGrammar::from_json_schema(schema)
+    schema
 }
 
 /// One sequence's grammar state: which tokens may come next, advanced by every accepted token.

@@ -20,7 +20,10 @@ pub(crate) fn json_vocab_of(n: usize) -> Vocab {
             special: true,
         },
     ];
-    let singles = b"0123456789abcdefghijklmnopqrstuvwxyz{}[]\":, -.ABCDEFGHIJKLMNOPQRSTUVWXYZ_";
+    // digits first (ids 2–11), then lower-case letters, then every other printable byte and \n
+    let mut singles: Vec<u8> = b"0123456789abcdefghijklmnopqrstuvwxyz".to_vec();
+    singles.extend((b' '..=b'~').filter(|b| !b.is_ascii_digit() && !b.is_ascii_lowercase()));
+    singles.push(b'\n');
     tokens.extend(singles.iter().map(|&b| TokenBytes {
         bytes: vec![b],
         special: false,
@@ -53,15 +56,41 @@ fn text_of(v: &Vocab, toks: &[i32]) -> String {
 /// Runs a constraint to its end, always taking the allowed token with the lowest id except EOS
 /// (so forced tokens and masks are exercised), and returns the tokens.
 fn walk(c: &mut Constraint, fast_forward: bool) -> Vec<i32> {
+    walk_by(c, fast_forward, Pick::Lowest)
+}
+
+pub(crate) enum Pick {
+    Lowest,
+    /// The token with the most closing bytes (`"`, `}`, `]`), lowest id on ties.
+    Closing,
+}
+
+/// The allowed token (EOS excepted) that `pick` prefers, under `mask`.
+pub(crate) fn choose(mask: &SimpleVob, pick: &Pick, v: &Vocab) -> Option<u32> {
+    let ok = |t: &u32| *t != 1 && mask.is_allowed(*t);
+    let n = mask.len() as u32;
+    match pick {
+        Pick::Lowest => (0..n).find(ok),
+        Pick::Closing => (0..n).filter(ok).max_by_key(|&t| {
+            let closing = v.tokens[t as usize]
+                .bytes
+                .iter()
+                .filter(|b| matches!(b, b'"' | b'}' | b']'))
+                .count();
+            (closing, std::cmp::Reverse(t))
+        }),
+    }
+}
+
+fn walk_by(c: &mut Constraint, fast_forward: bool, pick: Pick) -> Vec<i32> {
+    let v = json_vocab();
     let mut out = Vec::new();
     for _ in 0..200 {
         if c.is_stopped() {
             break;
         }
         let mask = c.mask().unwrap();
-        let pick = (0..mask.len() as u32)
-            .find(|&t| t != 1 && mask.is_allowed(t))
-            .or_else(|| mask.is_allowed(1).then_some(1));
+        let pick = choose(&mask, &pick, &v).or_else(|| mask.is_allowed(1).then_some(1));
         let Some(t) = pick else { break };
         if t == 1 {
             break;
@@ -139,7 +168,8 @@ fn a_lark_grammar_and_any_json_object_compile() {
     let t = text_of(&json_vocab(), &toks);
     assert!(t == "yes" || t == "no", "{t}");
     let mut c = g.compile(&Grammar::JsonObject, "response_format").unwrap();
-    let toks = walk(&mut c, true);
+    // the lowest token would write one key forever: prefer the tokens that close things
+    let toks = walk_by(&mut c, true, Pick::Closing);
     let t = text_of(&json_vocab(), &toks);
     assert!(serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&t).is_ok(), "{t}");
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::Sampling;
-use crate::structure::Structure;
+use crate::structure::{Structure, ToolCall};
 pub use crate::inputs::Stop;
 #[allow(unused_imports)] // used by the schema examples
 use serde_json::json;
@@ -47,6 +47,14 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// The calls an assistant message made (tool-calling history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -55,6 +63,9 @@ impl Message {
         Message {
             role: role.into(),
             content: Some(Content::Text(content.into())),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::structure::{ToolCall, ToolCallDelta};
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens whose KV entries were reused from an earlier request.
@@ -91,6 +93,8 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a streamed chunk: chat chunks carry `delta`, completions chunks `text`.
@@ -147,6 +151,9 @@ pub struct ResponseMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<String>,
+    /// The tools the model called (then `content` is null and `finish_reason` `tool_calls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// One choice of a whole response: chat choices carry `message`, completions choices `text`.

@@ -21,7 +21,7 @@ use crate::sampler::SamplingParams;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-const VOCAB: usize = 100;
+const VOCAB: usize = 128;
 const EOG: i32 = 1;
 
 struct FakeCell {
