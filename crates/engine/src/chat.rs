@@ -5,7 +5,10 @@
 //! is what makes a chat request produce exactly the prompt the model was trained on.
 
 pub use abserve_protocol::ChatMessage;
+use abserve_protocol::Tool;
 use minijinja::{context, Environment, Error, ErrorKind};
+
+use crate::tools::ToolFormat;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ChatTemplateError {
@@ -21,6 +24,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// How this template writes tool calls.
+    tool_format: ToolFormat,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -50,26 +55,59 @@ impl ChatTemplate {
             env,
             bos: bos.into(),
             eos: eos.into(),
+            tool_format: ToolFormat::detect(Some(source)),
         })
     }
 
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
+    }
+
+    /// The prompt of `messages`; `tools` (non-empty) are handed to the template as Hugging Face
+    /// templates take them, and calls in the history as `tool_calls` with their arguments
+    /// parsed (`{"type": "function", "function": {"name", "arguments": {...}}}`).
     pub fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[Tool],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ChatTemplateError::Compile(e.to_string()))?;
+        let messages: Vec<serde_json::Value> = messages.iter().map(template_message).collect();
+        let tools = (!tools.is_empty()).then_some(tools);
         tmpl.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
         })
         .map_err(|e| ChatTemplateError::Render(e.to_string()))
     }
+}
+
+/// A message as Hugging Face chat templates read it.
+fn template_message(m: &ChatMessage) -> serde_json::Value {
+    let mut v = serde_json::json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<serde_json::Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str(&c.function.arguments)
+                    .unwrap_or_else(|_| serde_json::Value::String(c.function.arguments.clone()));
+                serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+            })
+            .collect();
+        v["tool_calls"] = serde_json::Value::Array(calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = serde_json::json!(id);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -81,7 +119,9 @@ mod tests {
     #[test]
     fn renders_chatml() {
         let t = ChatTemplate::new(Some(CHATML), "", "").unwrap();
-        let s = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
+        let s = t
+            .render(&[ChatMessage::new("user", "Hi")], &[], true)
+            .unwrap();
         assert_eq!(s, "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     }
 
@@ -99,7 +139,7 @@ mod tests {
             "",
         )
         .unwrap();
-        let e = t.render(&[], true).unwrap_err();
+        let e = t.render(&[], &[], true).unwrap_err();
         assert!(e.to_string().contains("roles must alternate"));
     }
 
@@ -107,7 +147,7 @@ mod tests {
     fn python_string_methods_work() {
         let t = ChatTemplate::new(Some("{{ messages[0].content.strip() }}"), "", "").unwrap();
         assert_eq!(
-            t.render(&[ChatMessage::new("user", "  x  ")], false)
+            t.render(&[ChatMessage::new("user", "  x  ")], &[], false)
                 .unwrap(),
             "x"
         );

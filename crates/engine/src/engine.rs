@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use abserve_protocol::{Sampling, Structure};
+use abserve_protocol::{Sampling, Structure, Tool};
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -15,13 +15,14 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
-use crate::grammar::Grammars;
 use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
+use crate::grammar::Grammars;
 use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
 use crate::plan::{current_rss, human_bytes, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
+use crate::tools::ToolFormat;
 
 /// What llama.cpp allocated, beside the plan: resident memory after loading and after the
 /// context, its buffers, and the device buffers against the device part of the plan.
@@ -390,11 +391,20 @@ impl Engine {
 }
 
 impl Tokenizer for Engine {
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+    ) -> Result<String, ChatTemplateError> {
         match &self.chat {
-            Ok(t) => t.render(messages, true),
+            Ok(t) => t.render(messages, tools, true),
             Err(e) => Err(e.clone()),
         }
+    }
+    fn tool_format(&self) -> ToolFormat {
+        self.chat
+            .as_ref()
+            .map_or(ToolFormat::Generic, |t| t.tool_format())
     }
     fn tokenize(&self, text: &str) -> Vec<i32> {
         self.model.tokenize(text)

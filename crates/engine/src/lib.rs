@@ -23,13 +23,13 @@ pub mod device;
 mod engine;
 mod engine_loop;
 pub mod grammar;
-pub mod tools;
 mod llama;
 pub mod prepare;
 mod request;
 mod sampler;
 mod scheduler;
 mod text;
+pub mod tools;
 
 pub mod gguf;
 pub mod plan;

@@ -215,7 +215,9 @@ impl Model {
             .collect();
         let primary = if v.eot().0 >= 0 { v.eot() } else { v.eos() };
         let mut eog = vec![primary.0];
-        eog.extend((0..model.n_vocab() as i32).filter(|&t| t != primary.0 && v.is_eog(LlamaToken(t))));
+        eog.extend(
+            (0..model.n_vocab() as i32).filter(|&t| t != primary.0 && v.is_eog(LlamaToken(t))),
+        );
         let m = model.clone();
         Vocab {
             tokens,

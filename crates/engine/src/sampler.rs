@@ -247,8 +247,7 @@ impl Sampler {
     pub fn logprob(&self, logits: &[f32], recent: &[i32], token: i32) -> Option<TokenLogprob> {
         let n = self.params.logprobs?;
         let p = &self.params;
-        if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
-        {
+        if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
             let mut owned = logits.to_vec();
             self.penalise(&mut owned, recent);
             return Some(logprob_of(&owned, token, n as usize));

@@ -33,7 +33,7 @@ fn greedy_matches_llama_cpp_reference() {
     }
     for c in fx["chats"].as_array().unwrap() {
         let msgs: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
-        let text = engine.render_chat(&msgs).unwrap();
+        let text = engine.render_chat(&msgs, &[]).unwrap();
         cases.push((engine.prompt_tokens(&text), c));
     }
     assert!(cases.len() >= 5);

@@ -147,7 +147,10 @@ impl Structure {
                 .clone()
                 .or_else(|| self.response_format.clone()),
             tools: over.tools.clone().or_else(|| self.tools.clone()),
-            tool_choice: over.tool_choice.clone().or_else(|| self.tool_choice.clone()),
+            tool_choice: over
+                .tool_choice
+                .clone()
+                .or_else(|| self.tool_choice.clone()),
             parallel_tool_calls: over.parallel_tool_calls.or(self.parallel_tool_calls),
         }
     }
@@ -171,12 +174,18 @@ mod tests {
             "tool_choice": {"type": "function", "function": {"name": "f"}},
         }))
         .unwrap();
-        assert!(matches!(s.response_format, Some(ResponseFormat::JsonSchema { .. })));
+        assert!(matches!(
+            s.response_format,
+            Some(ResponseFormat::JsonSchema { .. })
+        ));
         assert_eq!(s.tools.as_ref().unwrap()[0].function.name, "f");
         assert!(matches!(s.tool_choice, Some(ToolChoice::Named(_))));
-        let s: Structure = serde_json::from_value(serde_json::json!({"tool_choice": "required"})).unwrap();
+        let s: Structure =
+            serde_json::from_value(serde_json::json!({"tool_choice": "required"})).unwrap();
         assert_eq!(s.tool_choice, Some(ToolChoice::Mode("required".into())));
-        let e = serde_json::from_value::<Structure>(serde_json::json!({"response_format": {"type": "yaml"}}));
+        let e = serde_json::from_value::<Structure>(
+            serde_json::json!({"response_format": {"type": "yaml"}}),
+        );
         assert!(e.is_err());
         let over = Structure {
             response_format: Some(ResponseFormat::JsonObject),

@@ -21,6 +21,7 @@ mod routes;
 mod serve;
 mod start;
 mod state;
+mod tool_calls;
 mod valid;
 mod validate;
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_engine::prepare::Prepared;
+use abserve_engine::tools::ToolUse;
 use abserve_engine::{Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
     ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
@@ -165,15 +166,21 @@ pub(crate) async fn collect_response(
             prompt_token_ids: req.return_token_ids.then(|| req.seqs[i].prompt.clone()),
             ..Default::default()
         };
-        match req.kind {
-            Kind::Chat => {
+        match (req.kind, &req.seqs[i].tools) {
+            (Kind::Chat, Some(tools)) => {
+                let finish = d.finish_reason.as_str();
+                let (m, finish) = crate::tool_calls::message(tools, &c.text, finish);
+                choice.message = Some(m);
+                choice.finish_reason = Some(finish);
+            }
+            (Kind::Chat, None) => {
                 choice.message = Some(ResponseMessage {
                     role: "assistant".into(),
                     content: Some(c.text),
                     tool_calls: None,
                 })
             }
-            Kind::Text => choice.text = Some(c.text),
+            (Kind::Text, _) => choice.text = Some(c.text),
         }
         choices.push(choice);
     }
@@ -212,6 +219,10 @@ struct Chunker {
     kind: Kind,
     want_lp: bool,
     state: Arc<AppState>,
+    /// Per choice: its tools, when the answer is read for calls (then its text and
+    /// log-probabilities are held until it finishes: `tool_calls.rs`).
+    tools: Arc<Vec<Option<ToolUse>>>,
+    held: Arc<Mutex<Vec<(String, Vec<TokenLogprob>)>>>,
 }
 
 /// What a chunker turns an engine event into.
@@ -219,7 +230,8 @@ enum Piece {
     Chunk(Chunk),
     /// An error in the stream and its message.
     Error(ErrorBody, String),
-    Last(Chunk, Completion),
+    /// A choice's last chunks (its finish reason in the last).
+    Last(Vec<Chunk>, Completion),
 }
 
 impl Chunker {
@@ -251,6 +263,9 @@ impl Chunker {
 
     /// The chunk an engine event of choice `i` becomes (none for admission and empty tokens).
     fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
+        if let Some(tools) = &self.tools[i] {
+            return self.tool_piece(i, tools, ev);
+        }
         match ev {
             Event::Token { text, logprob, .. } => {
                 if text.is_empty() && logprob.is_none() {
@@ -268,21 +283,52 @@ impl Chunker {
                 let tail = (!d.tail_text.is_empty()).then(|| d.tail_text.clone());
                 let mut c = self.choice(i, tail);
                 c.finish_reason = Some(d.finish_reason.as_str().to_string());
-                Some(Piece::Last(self.chunk(vec![c]), d))
+                Some(Piece::Last(vec![self.chunk(vec![c])], d))
             }
-            Event::Error(e) => {
-                self.state.metrics.generation_error(&e);
-                let message = e.to_string();
-                let error = ErrorObject {
-                    message: message.clone(),
-                    kind: Some("server_error".into()),
-                    param: None,
-                    code: None,
-                };
-                Some(Piece::Error(ErrorBody { error }, message))
-            }
+            Event::Error(e) => self.error(e),
             Event::Admitted { .. } => None,
         }
+    }
+
+    /// A choice with tools: text held until it finishes, then its content or calls.
+    fn tool_piece(&self, i: usize, tools: &ToolUse, ev: Event) -> Option<Piece> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        match ev {
+            Event::Token { text, logprob, .. } => {
+                held[i].0.push_str(&text);
+                held[i].1.extend(logprob);
+                None
+            }
+            Event::Done(d) => {
+                observe(&self.state, &d);
+                let (mut text, lps) = std::mem::take(&mut held[i]);
+                text.push_str(&d.tail_text);
+                let choices =
+                    crate::tool_calls::chunks(tools, i as u32, &text, d.finish_reason.as_str());
+                let mut chunks: Vec<Chunk> =
+                    choices.into_iter().map(|c| self.chunk(vec![c])).collect();
+                if self.want_lp {
+                    if let Some(c) = chunks.first_mut().and_then(|c| c.choices.first_mut()) {
+                        c.logprobs = Some(logprobs(&self.state, self.kind, &lps));
+                    }
+                }
+                Some(Piece::Last(chunks, d))
+            }
+            Event::Error(e) => self.error(e),
+            Event::Admitted { .. } => None,
+        }
+    }
+
+    fn error(&self, e: abserve_engine::GenerationError) -> Option<Piece> {
+        self.state.metrics.generation_error(&e);
+        let message = e.to_string();
+        let error = ErrorObject {
+            message: message.clone(),
+            kind: Some("server_error".into()),
+            param: None,
+            code: None,
+        };
+        Some(Piece::Error(ErrorBody { error }, message))
     }
 }
 
@@ -341,6 +387,8 @@ pub(crate) fn stream_response(
         kind: req.kind,
         want_lp: req.logprobs(),
         state: state.clone(),
+        tools: Arc::new(req.seqs.iter().map(|p| p.tools.clone()).collect()),
+        held: Arc::new(Mutex::new(vec![Default::default(); req.seqs.len()])),
     };
     // role chunks first (chat only)
     let head = role_chunks(&chunker, rxs.len());
@@ -360,19 +408,21 @@ pub(crate) fn stream_response(
             .map(move |p| {
                 // a poisoned lock is read through: the fields stay consistent (plain assignments)
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
-                match p {
-                    Piece::Chunk(c) => sse(&c),
+                let events = match p {
+                    Piece::Chunk(c) => vec![sse(&c)],
                     Piece::Error(body, message) => {
                         s.first_error.get_or_insert(message);
-                        sse(&body)
+                        vec![sse(&body)]
                     }
-                    Piece::Last(c, d) => {
+                    Piece::Last(cs, d) => {
                         s.completion_tokens += d.completion_tokens;
                         s.first_done.get_or_insert(d);
-                        sse(&c)
+                        cs.iter().map(sse).collect()
                     }
-                }
+                };
+                stream::iter(events)
             })
+            .flatten()
     };
     let tail =
         stream::once(finish_stream(state, req, chunker, seen)).filter_map(|x| async move { x });

@@ -108,12 +108,17 @@ impl Grammars {
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
         };
         let refuse = |message: String| {
-            self.stats.grammar_rejections.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .grammar_rejections
+                .fetch_add(1, Ordering::Relaxed);
             PrepareError::new(field, message)
         };
         let mut matcher = Matcher::new(self.factory.create_parser(top));
         if let Some(e) = matcher.get_error() {
-            return Err(refuse(format!("the {} does not compile: {e}", what(grammar))));
+            return Err(refuse(format!(
+                "the {} does not compile: {e}",
+                what(grammar)
+            )));
         }
         // the first mask: proves the grammar can start, and warms the lexer
         if let Err(e) = matcher.compute_mask() {
@@ -124,7 +129,10 @@ impl Grammars {
         }
         let took = t0.elapsed();
         EngineStats::add(&self.stats.grammar_compiles, 1);
-        EngineStats::add(&self.stats.grammar_compile_micros, took.as_micros() as usize);
+        EngineStats::add(
+            &self.stats.grammar_compile_micros,
+            took.as_micros() as usize,
+        );
         if took > COMPILE_BUDGET {
             return Err(refuse(format!(
                 "the {} took {} ms to compile, over the budget of {} ms",
@@ -132,7 +140,10 @@ impl Grammars {
                 took.as_millis(),
                 COMPILE_BUDGET.as_millis()
             ))
-            .beyond(format!("{} ms", COMPILE_BUDGET.as_millis()), format!("{} ms", took.as_millis())));
+            .beyond(
+                format!("{} ms", COMPILE_BUDGET.as_millis()),
+                format!("{} ms", took.as_millis()),
+            ));
         }
         Ok(Constraint {
             matcher,
@@ -189,7 +200,9 @@ impl Constraint {
 
     /// The tokens allowed next (end-of-generation tokens only where the grammar may end).
     pub fn mask(&mut self) -> Result<SimpleVob, String> {
-        self.matcher.compute_mask().map_err(|e| self.fail(e.to_string()))
+        self.matcher
+            .compute_mask()
+            .map_err(|e| self.fail(e.to_string()))
     }
 
     /// Advances the grammar by an accepted token.

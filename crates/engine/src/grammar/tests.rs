@@ -28,7 +28,9 @@ pub(crate) fn json_vocab_of(n: usize) -> Vocab {
         bytes: vec![b],
         special: false,
     }));
-    for p in ["{\"", "\": ", ", \"", "true", "false", "null", "name", "age", "\"}"] {
+    for p in [
+        "{\"", "\": ", ", \"", "true", "false", "null", "name", "age", "\"}",
+    ] {
         tokens.push(TokenBytes {
             bytes: p.as_bytes().to_vec(),
             special: false,
@@ -121,7 +123,8 @@ fn a_schema_walk_is_valid_json_and_forced_tokens_change_nothing() {
     assert_eq!(with_ff, without, "fast-forward changed the tokens");
     let v = json_vocab();
     let text = text_of(&v, &with_ff);
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let value: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
     assert!(value["name"].is_string() && value["age"].is_i64(), "{text}");
     assert!(text.starts_with("{\"name\": \""), "{text}");
 }
@@ -154,7 +157,11 @@ fn bad_grammars_are_errors_naming_the_field() {
     ] {
         let e = g.compile(&bad, "response_format").unwrap_err();
         assert_eq!(e.field, "response_format");
-        assert!(e.message.contains("does not compile") || e.message.contains("allows no answer"), "{}", e.message);
+        assert!(
+            e.message.contains("does not compile") || e.message.contains("allows no answer"),
+            "{}",
+            e.message
+        );
     }
 }
 
@@ -162,7 +169,10 @@ fn bad_grammars_are_errors_naming_the_field() {
 fn a_lark_grammar_and_any_json_object_compile() {
     let g = grammars();
     let mut c = g
-        .compile(&Grammar::Lark("start: \"yes\" | \"no\"".into()), "response_format")
+        .compile(
+            &Grammar::Lark("start: \"yes\" | \"no\"".into()),
+            "response_format",
+        )
         .unwrap();
     let toks = walk(&mut c, true);
     let t = text_of(&json_vocab(), &toks);
@@ -171,5 +181,8 @@ fn a_lark_grammar_and_any_json_object_compile() {
     // the lowest token would write one key forever: prefer the tokens that close things
     let toks = walk_by(&mut c, true, Pick::Closing);
     let t = text_of(&json_vocab(), &toks);
-    assert!(serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&t).is_ok(), "{t}");
+    assert!(
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&t).is_ok(),
+        "{t}"
+    );
 }

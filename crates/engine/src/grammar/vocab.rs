@@ -33,7 +33,10 @@ impl TokenizerEnv for VocabEnv {
         &self.trie
     }
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        (self.tokenize)(s).into_iter().map(|t| t as TokenId).collect()
+        (self.tokenize)(s)
+            .into_iter()
+            .map(|t| t as TokenId)
+            .collect()
     }
 }
 

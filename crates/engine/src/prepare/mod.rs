@@ -25,16 +25,17 @@ mod sampling;
 mod structure;
 mod wire;
 
-use abserve_protocol::{ChatMessage, Sampling, Structure};
+use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 
 use crate::chat::ChatTemplateError;
 use crate::grammar::{Constraint, Grammars};
 use crate::request::Request;
 use crate::sampler::SamplingParams;
+use crate::tools::{ToolFormat, ToolUse};
 
 pub use error::PrepareError;
 pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
-pub use structure::{constraint, logit_bias, response_grammar, MAX_LOGIT_BIAS};
+pub use structure::{constraint, logit_bias, response_grammar, shape, Shaped, MAX_LOGIT_BIAS};
 pub use wire::{
     chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices,
     unsupported_fields, PromptInput, MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N,
@@ -44,8 +45,13 @@ pub use wire::{
 /// What preparation needs of a model: its chat template and its vocabulary. The engine
 /// implements it over the loaded model; the server's tests over a fake.
 pub trait Tokenizer {
-    /// The model's chat template applied to `messages`, ending with the assistant's turn.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError>;
+    /// The model's chat template applied to `messages` (and `tools`, for a template that
+    /// renders them: see [`Tokenizer::tool_format`]), ending with the assistant's turn.
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+    ) -> Result<String, ChatTemplateError>;
     /// Token ids of `text`, special tokens parsed, nothing added.
     fn tokenize(&self, text: &str) -> Vec<i32>;
     /// The BOS token, when the vocabulary asks for one at the start of every prompt.
@@ -55,12 +61,20 @@ pub trait Tokenizer {
     fn grammars(&self) -> Result<&Grammars, String> {
         Err("this model cannot constrain its answers".into())
     }
+    /// How the model writes tool calls (its chat template's format; generic by default).
+    fn tool_format(&self) -> ToolFormat {
+        ToolFormat::Generic
+    }
 }
 
 /// A shared model prepares like the model itself.
 impl<T: Tokenizer + ?Sized> Tokenizer for std::sync::Arc<T> {
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
-        (**self).render_chat(messages)
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+    ) -> Result<String, ChatTemplateError> {
+        (**self).render_chat(messages, tools)
     }
     fn tokenize(&self, text: &str) -> Vec<i32> {
         (**self).tokenize(text)
@@ -73,6 +87,9 @@ impl<T: Tokenizer + ?Sized> Tokenizer for std::sync::Arc<T> {
     }
     fn grammars(&self) -> Result<&Grammars, String> {
         (**self).grammars()
+    }
+    fn tool_format(&self) -> ToolFormat {
+        (**self).tool_format()
     }
 }
 
@@ -122,6 +139,8 @@ pub struct Prepared {
     pub prompt: Vec<i32>,
     pub params: SamplingParams,
     pub constraint: Option<Constraint>,
+    /// How the answer's text becomes tool calls (a chat with tools).
+    pub tools: Option<ToolUse>,
 }
 
 impl Prepared {
@@ -146,18 +165,25 @@ pub fn text_tokens(tok: &dyn Tokenizer, text: &str) -> Vec<i32> {
     tokens
 }
 
-/// The tokens of an input.
+/// The tokens of an input (a chat rendered without tools).
 pub fn input_tokens(tok: &dyn Tokenizer, input: Input<'_>) -> Result<Vec<i32>, PrepareError> {
     Ok(match input {
-        Input::Chat(messages) => {
-            let text = tok
-                .render_chat(messages)
-                .map_err(|e| PrepareError::new("messages", e.to_string()))?;
-            text_tokens(tok, &text)
-        }
+        Input::Chat(messages) => chat_tokens(tok, messages, &[])?,
         Input::Text(text) => text_tokens(tok, text),
         Input::Tokens(ids) => ids.to_vec(),
     })
+}
+
+/// The tokens of a chat rendered with the model's template (and `tools`, where it renders them).
+pub fn chat_tokens(
+    tok: &dyn Tokenizer,
+    messages: &[ChatMessage],
+    tools: &[Tool],
+) -> Result<Vec<i32>, PrepareError> {
+    let text = tok
+        .render_chat(messages, tools)
+        .map_err(|e| PrepareError::new("messages", e.to_string()))?;
+    Ok(text_tokens(tok, &text))
 }
 
 /// An input and its sampling settings as a prompt the engine can run (see the module doc).
@@ -171,7 +197,15 @@ pub fn prepare(
 ) -> Result<Prepared, PrepareError> {
     let mut params = sampling_params(sampling, options)?;
     params.logit_bias = logit_bias(sampling.logit_bias.as_ref(), tok.n_vocab())?;
-    let prompt = input_tokens(tok, input)?;
+    let messages = match input {
+        Input::Chat(m) => Some(m),
+        Input::Text(_) | Input::Tokens(_) => None,
+    };
+    let shaped = shape(tok, messages, structure)?;
+    let prompt = match input {
+        Input::Chat(_) => chat_tokens(tok, &shaped.messages, &shaped.template_tools)?,
+        other => input_tokens(tok, other)?,
+    };
     let field = match input {
         Input::Chat(_) => "messages",
         Input::Text(_) | Input::Tokens(_) => "prompt",
@@ -183,11 +217,12 @@ pub fn prepare(
         limits,
         field,
     )?;
-    let constraint = constraint(tok, structure)?;
+    let constraint = constraint(tok, shaped.grammar.as_ref())?;
     Ok(Prepared {
         prompt,
         params,
         constraint,
+        tools: shaped.tools,
     })
 }
 

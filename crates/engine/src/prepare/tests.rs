@@ -8,7 +8,11 @@ struct Bytes {
 }
 
 impl Tokenizer for Bytes {
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        _tools: &[abserve_protocol::Tool],
+    ) -> Result<String, ChatTemplateError> {
         let mut s = if self.bos_in_template {
             "\u{1}".to_string()
         } else {

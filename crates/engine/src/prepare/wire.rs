@@ -88,7 +88,18 @@ pub fn chat_messages(r: &ChatRequest) -> Result<Vec<ChatMessage>, PrepareError> 
         } else {
             m.role.as_str()
         };
-        out.push(ChatMessage::new(role, &content));
+        let mut msg = ChatMessage::new(role, &content);
+        if let Some(calls) = &m.tool_calls {
+            if m.role != "assistant" {
+                return Err(PrepareError::new(
+                    format!("messages[{i}].tool_calls"),
+                    "only assistant messages carry tool_calls",
+                ));
+            }
+            msg.tool_calls = calls.clone();
+        }
+        msg.tool_call_id = m.tool_call_id.clone();
+        out.push(msg);
     }
     Ok(out)
 }
@@ -208,10 +219,19 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("guided_json", "use response_format {type: json_schema}"),
     ("guided_regex", "use response_format {type: regex}"),
     ("guided_grammar", "use response_format {type: lark}"),
-    ("guided_choice", "use response_format {type: json_schema} with an enum"),
-    ("guided_decoding_backend", "abserve always decodes with llguidance"),
+    (
+        "guided_choice",
+        "use response_format {type: json_schema} with an enum",
+    ),
+    (
+        "guided_decoding_backend",
+        "abserve always decodes with llguidance",
+    ),
     ("structured_outputs", "use response_format"),
-    ("grammar", "use response_format {type: lark} (GBNF is not supported)"),
+    (
+        "grammar",
+        "use response_format {type: lark} (GBNF is not supported)",
+    ),
     ("json_schema", "use response_format {type: json_schema}"),
     ("lora", "LoRA adapters are not supported yet"),
 ];

@@ -63,7 +63,12 @@ impl Scheduler {
             for k in 0..p.n {
                 let at = a.n_past + k;
                 let last = reaches_end && k == p.n - 1;
-                be.add(a.seq.tokens[at], at, a.slot, last || forced_rows.contains(&at));
+                be.add(
+                    a.seq.tokens[at],
+                    at,
+                    a.slot,
+                    last || forced_rows.contains(&at),
+                );
             }
             p.first = pos;
             pos += p.n;

@@ -34,7 +34,12 @@ fn recent(tokens: &[i32], upto: usize) -> &[i32] {
 /// Emits the forced tokens whose preceding position was decoded in this chunk (positions
 /// `[start, start + p.n)`), in order. A stop string completed by a forced token ends the
 /// sequence there.
-pub(super) fn emit_forced<C: Compute>(s: &mut Seq, be: &C, start: usize, p: &Planned) -> Option<End> {
+pub(super) fn emit_forced<C: Compute>(
+    s: &mut Seq,
+    be: &C,
+    start: usize,
+    p: &Planned,
+) -> Option<End> {
     while s.unemitted > 0 {
         let k = s.tokens.len() - s.unemitted;
         let before = k - 1;
@@ -83,7 +88,10 @@ pub(super) fn next<C: Compute>(
             let t0 = Instant::now();
             let m = c.mask();
             EngineStats::add(&stats.grammar_masks, 1);
-            EngineStats::add(&stats.grammar_mask_micros, t0.elapsed().as_micros() as usize);
+            EngineStats::add(
+                &stats.grammar_mask_micros,
+                t0.elapsed().as_micros() as usize,
+            );
             match m {
                 Ok(m) => Some(m),
                 Err(e) => return Some(grammar_failed(stats, e)),

@@ -101,7 +101,8 @@ fn check_tool(i: usize, t: &Tool, earlier: &[Tool]) -> Result<(), PrepareError> 
     let n = &t.function.name;
     let ok = !n.is_empty()
         && n.len() <= 64
-        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if !ok {
         return Err(PrepareError::new(
             at("function.name"),
@@ -114,7 +115,11 @@ fn check_tool(i: usize, t: &Tool, earlier: &[Tool]) -> Result<(), PrepareError> 
             format!("two tools are named '{n}'"),
         ));
     }
-    if t.function.parameters.as_ref().is_some_and(|p| !p.is_object()) {
+    if t.function
+        .parameters
+        .as_ref()
+        .is_some_and(|p| !p.is_object())
+    {
         return Err(PrepareError::new(
             at("function.parameters"),
             "parameters must be a JSON Schema object",
@@ -131,12 +136,12 @@ fn choice_of(choice: Option<&ToolChoice>, tools: &[Tool]) -> Result<Choice, Prep
             "none" => Choice::None,
             "auto" => Choice::Auto,
             "required" => Choice::Required,
-            other => {
-                return Err(PrepareError::new(
-                    "tool_choice",
-                    format!("tool_choice must be none, auto, required or a named function, got '{other}'"),
-                ))
-            }
+            other => return Err(PrepareError::new(
+                "tool_choice",
+                format!(
+                    "tool_choice must be none, auto, required or a named function, got '{other}'"
+                ),
+            )),
         },
         Some(ToolChoice::Named(n)) => Choice::Named(n.function.name.clone()),
     };

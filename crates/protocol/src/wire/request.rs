@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::Sampling;
-use crate::structure::{Structure, ToolCall};
 pub use crate::inputs::Stop;
+use crate::structure::{Structure, ToolCall};
 #[allow(unused_imports)] // used by the schema examples
 use serde_json::json;
 

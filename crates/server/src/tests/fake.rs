@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use abserve_engine::device::{Device, FakeDevice};
 use abserve_engine::gguf::ModelShape;
-use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
 use abserve_engine::grammar::{Grammars, Vocab};
+use abserve_engine::plan::{Budget, KvType, MemoryPlan, Offload, PlanRequest};
 use abserve_engine::prepare::Tokenizer;
 use abserve_engine::{
     ChatMessage, ChatTemplateError, Completion, Event, FinishReason, GenerationError, Request,
@@ -84,8 +84,11 @@ impl Fake {
                 weights_bytes: 1 << 20,
             }),
         });
-        let grammars = Grammars::new(Vocab::bytes(), Arc::new(abserve_engine::EngineStats::default()))
-            .expect("the byte vocabulary builds");
+        let grammars = Grammars::new(
+            Vocab::bytes(),
+            Arc::new(abserve_engine::EngineStats::default()),
+        )
+        .expect("the byte vocabulary builds");
         Fake {
             plan,
             ctl,
@@ -100,7 +103,11 @@ impl Tokenizer for Fake {
     fn tokenize(&self, text: &str) -> Vec<i32> {
         text.bytes().map(|b| b as i32).collect()
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ChatTemplateError> {
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        _tools: &[abserve_protocol::Tool],
+    ) -> Result<String, ChatTemplateError> {
         let mut s: String = messages
             .iter()
             .map(|m| format!("{}: {}\n", m.role, m.content))

@@ -26,11 +26,17 @@ async fn every_unsupported_field_is_a_400_naming_it() {
             assert_eq!(param.as_deref(), Some(*name), "{message}");
         }
     }
-    for (field, value) in [("modalities", json!(["text", "audio"])), ("best_of", json!(3))] {
+    for (field, value) in [
+        ("modalities", json!(["text", "audio"])),
+        ("best_of", json!(3)),
+    ] {
         let (status, param, _) = a
             .error("/v1/chat/completions", chat(json!({field: value})))
             .await;
-        assert_eq!((status, param.as_deref()), (StatusCode::BAD_REQUEST, Some(field)));
+        assert_eq!(
+            (status, param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some(field))
+        );
     }
     // fields that do not change the answer are accepted
     let (status, _, _) = a
@@ -46,12 +52,18 @@ async fn every_unsupported_field_is_a_400_naming_it() {
 async fn bad_grammars_and_biases_are_400s_naming_the_field() {
     let a = app(None).await;
     let cases = [
-        (json!({"response_format": {"type": "regex", "regex": "("}}), "response_format"),
+        (
+            json!({"response_format": {"type": "regex", "regex": "("}}),
+            "response_format",
+        ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}}}}),
             "response_format",
         ),
-        (json!({"response_format": {"type": "lark", "lark": "start: nothing_defined"}}), "response_format"),
+        (
+            json!({"response_format": {"type": "lark", "lark": "start: nothing_defined"}}),
+            "response_format",
+        ),
         (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
         (json!({"logit_bias": {"999": 1}}), "logit_bias"),
         (json!({"logit_bias": {"5": 101}}), "logit_bias"),
@@ -63,7 +75,10 @@ async fn bad_grammars_and_biases_are_400s_naming_the_field() {
     }
     // an unknown response_format type is refused, not ignored
     let (status, _, message) = a
-        .error("/v1/chat/completions", chat(json!({"response_format": {"type": "yaml"}})))
+        .error(
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "yaml"}})),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(message.contains("yaml"), "{message}");
@@ -79,13 +94,21 @@ async fn a_good_grammar_and_a_bias_reach_the_engine() {
             Some("json_schema"),
         ),
         (json!({"type": "regex", "regex": "[a-z]+"}), Some("regex")),
-        (json!({"type": "lark", "lark": "start: \"yes\" | \"no\""}), Some("lark")),
+        (
+            json!({"type": "lark", "lark": "start: \"yes\" | \"no\""}),
+            Some("lark"),
+        ),
         (json!({"type": "text"}), None),
     ];
     for (format, kind) in kinds {
         let body = chat(json!({"response_format": format, "logit_bias": {"104": -100}}));
         let (status, _, bytes) = a.post("/v1/chat/completions", body).await;
-        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
         let sub = a.ctl.submitted.lock().unwrap();
         let last = sub.last().unwrap();
         assert_eq!(last.constraint.as_ref().map(|c| c.kind()), kind);
@@ -96,5 +119,8 @@ async fn a_good_grammar_and_a_bias_reach_the_engine() {
     let (status, _, _) = a.post("/v1/completions", body).await;
     assert_eq!(status, StatusCode::OK);
     let sub = a.ctl.submitted.lock().unwrap();
-    assert_eq!(sub.last().unwrap().constraint.as_ref().map(|c| c.kind()), Some("json_object"));
+    assert_eq!(
+        sub.last().unwrap().constraint.as_ref().map(|c| c.kind()),
+        Some("json_object")
+    );
 }

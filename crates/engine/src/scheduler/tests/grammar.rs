@@ -97,7 +97,13 @@ fn answer(rx: &mut UnboundedReceiver<Event>) -> Answer {
 }
 
 /// Runs prompts 0..n under `grammar` with fast-forward on or off, on a cache of `kv` cells.
-fn run_all(n: i32, grammar: &Grammar, ff: bool, kv: usize, params: SamplingParams) -> (Vec<Answer>, u64) {
+fn run_all(
+    n: i32,
+    grammar: &Grammar,
+    ff: bool,
+    kv: usize,
+    params: SamplingParams,
+) -> (Vec<Answer>, u64) {
     let g = grammars();
     let mut cfg = SchedulerConfig::new(kv, 4, 256);
     cfg.fast_forward = ff;
@@ -128,18 +134,33 @@ fn every_stopped_answer_matches_its_schema_and_fast_forward_changes_nothing_but_
     for (a, b) in on.iter().zip(&off) {
         assert_eq!(a.tokens, b.tokens, "fast-forward changed the tokens");
         assert_eq!(a.text, b.text);
-        assert_eq!(a.logprobs, b.logprobs, "forced tokens' log-probabilities differ");
-        assert_eq!(a.logprobs.len(), a.tokens.len(), "a token without its log-probability");
+        assert_eq!(
+            a.logprobs, b.logprobs,
+            "forced tokens' log-probabilities differ"
+        );
+        assert_eq!(
+            a.logprobs.len(),
+            a.tokens.len(),
+            "a token without its log-probability"
+        );
         assert_eq!(a.done.completion_tokens, a.tokens.len());
         assert_eq!(a.done.finish_reason, FinishReason::Stop, "{}", a.text);
-        let v: serde_json::Value = serde_json::from_str(&a.text).unwrap_or_else(|e| panic!("{}: {e}", a.text));
-        assert!(v["name"].as_str().unwrap().len() <= 4 && v["age"].is_u64(), "{}", a.text);
+        let v: serde_json::Value =
+            serde_json::from_str(&a.text).unwrap_or_else(|e| panic!("{}: {e}", a.text));
+        assert!(
+            v["name"].as_str().unwrap().len() <= 4 && v["age"].is_u64(),
+            "{}",
+            a.text
+        );
         let g = a.done.grammar.unwrap();
         assert!(g.complete && g.kind == "json_schema");
         assert!(g.forced_tokens > 0, "the schema's keys are forced");
         assert_eq!(b.done.grammar.map(|g| g.forced_tokens), Some(0));
     }
-    assert!(steps_on < steps_off, "fast-forward took {steps_on} steps, one per token {steps_off}");
+    assert!(
+        steps_on < steps_off,
+        "fast-forward took {steps_on} steps, one per token {steps_off}"
+    );
 }
 
 #[test]
@@ -152,7 +173,10 @@ fn a_stop_string_inside_forced_tokens_ends_the_answer_there() {
     let a = &on[0];
     assert_eq!(a.text, "a");
     assert_eq!(a.done.finish_reason, FinishReason::Stop);
-    assert_eq!(a.done.completion_tokens, 2, "'a' sampled, 'b' forced and cut");
+    assert_eq!(
+        a.done.completion_tokens, 2,
+        "'a' sampled, 'b' forced and cut"
+    );
     assert_eq!(
         a.done.grammar,
         Some(GrammarOutcome {
@@ -189,5 +213,8 @@ fn preempted_constrained_sequences_give_the_same_answers() {
         assert_eq!(a.logprobs, b.logprobs);
         assert_eq!(b.logprobs.len(), b.tokens.len());
     }
-    assert!(tight.iter().any(|a| a.done.preemptions > 0), "nothing was preempted");
+    assert!(
+        tight.iter().any(|a| a.done.preemptions > 0),
+        "nothing was preempted"
+    );
 }
