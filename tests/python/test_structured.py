@@ -357,3 +357,57 @@ def test_fast_forward_on_and_off_give_the_same_tokens(server):
         assert forced and float(forced[0].split()[-1]) > 0
     finally:
         off.stop()
+
+
+def test_a_variant_with_a_schema_and_one_without_each_answer_in_their_own_format(server):
+    ticket = {
+        "type": "object",
+        "properties": {"category": {"enum": ["billing", "shipping", "other"]}, "urgent": {"type": "boolean"}},
+        "required": ["category", "urgent"],
+        "additionalProperties": False,
+    }
+    status, text = http("POST", server.url + "/experiments", {
+        "name": "triage", "variants": [
+            {"id": "free", "system": "You triage support tickets.", "temperature": 0, "max_tokens": 40},
+            {"id": "schema", "system": "You triage support tickets.", "temperature": 0, "max_tokens": 60,
+             "response_format": {"type": "json_schema", "json_schema": {"name": "ticket", "schema": ticket}}},
+            {"id": "tool", "system": "You triage support tickets.", "temperature": 0, "max_tokens": 80,
+             "tools": [WEATHER], "tool_choice": "required"},
+        ],
+    })
+    assert status in (200, 201), text
+    c = client(server)
+    msg = [{"role": "user", "content": "My parcel has not arrived after two weeks!"}]
+    answers = {}
+    for v in ["free", "schema", "tool"]:
+        raw = c.chat.completions.with_raw_response.create(
+            model="experiment:triage", messages=msg, user=f"unit-{v}", extra_headers={"X-Abserve-Variant": v},
+        )
+        assert raw.headers["x-abserve-variant"] == v
+        answers[v] = raw.parse().choices[0]
+    jsonschema.validate(json.loads(answers["schema"].message.content), ticket)
+    assert answers["tool"].finish_reason == "tool_calls"
+    assert answers["tool"].message.tool_calls[0].function.name == "get_weather"
+    free = answers["free"].message.content
+    assert answers["free"].finish_reason in ("stop", "length") and free
+    # the exposures say which answers were constrained and finished inside their grammar
+    status, text = http("GET", server.url + "/experiments/triage/exposures")
+    assert status == 200, text
+    body = json.loads(text)
+    xs = {x["variant"]: x for x in body["exposures"]}
+    assert (xs["schema"]["constrained"], xs["schema"]["grammar_complete"]) == (True, True)
+    assert (xs["tool"]["constrained"], xs["tool"]["grammar_complete"]) == (True, True)
+    assert (xs["free"]["constrained"], xs["free"]["grammar_complete"]) == (False, None)
+    # the fan-out runs all three side by side, each in its own format
+    status, text = http("POST", server.url + "/experiments/triage/fanout", {"input": msg[0]["content"]})
+    assert status == 200, text
+    by = {r["variant"]: r for r in json.loads(text)["results"]}
+    jsonschema.validate(json.loads(by["schema"]["output"]), ticket)
+    assert by["schema"]["grammar_complete"] is True
+    assert by["tool"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert "grammar_complete" not in by["free"] and "tool_calls" not in by["free"]
+    # a variant whose schema does not compile is refused when the experiment is created
+    status, text = http("POST", server.url + "/experiments", {
+        "name": "broken", "variants": [{"id": "a"}, {"id": "b", "response_format": {"type": "regex", "regex": "("}}],
+    })
+    assert status == 400 and json.loads(text)["error"]["param"].startswith("variants.b."), text

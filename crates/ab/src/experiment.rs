@@ -31,6 +31,15 @@ pub struct Variant {
     pub stop: Option<Vec<String>>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// OpenAI's `logit_bias` (token id as a string → bias).
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// What the answer must be (OpenAI's `response_format`; the schema is part of the variant).
+    pub response_format: Option<abserve_protocol::ResponseFormat>,
+    /// Function tools the model may call, and how (OpenAI's `tools`, `tool_choice`,
+    /// `parallel_tool_calls`).
+    pub tools: Option<Vec<abserve_protocol::Tool>>,
+    pub tool_choice: Option<abserve_protocol::ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 fn one() -> f64 {

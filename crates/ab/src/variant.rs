@@ -1,10 +1,10 @@
 //! One variant API: what a variant does to a request — its messages (system prompt and user
-//! template) and its sampling settings. The server's chat and completions routes, its fan-out
+//! template), its sampling settings and the structure of its answer (`response_format`, tools). The server's chat and completions routes, its fan-out
 //! and `abserve eval` all go through here (then through the engine's one preparation stage,
 //! `abserve_engine::prepare`), so a variant means the same thing everywhere.
 
 use abserve_protocol::wire::Stop;
-use abserve_protocol::{ChatMessage as Message, Sampling};
+use abserve_protocol::{ChatMessage as Message, Sampling, Structure};
 use serde_json::Value;
 
 use crate::experiment::{render, render_row, Variant};
@@ -38,7 +38,19 @@ impl Variant {
             stop: self.stop.clone().map(Stop::Many),
             presence_penalty: f(self.presence_penalty),
             frequency_penalty: f(self.frequency_penalty),
+            logit_bias: self.logit_bias.clone(),
             ..Default::default()
+        }
+    }
+
+    /// The variant's `response_format` and tools as the one [`Structure`] (laid over a
+    /// request's by [`Structure::overlaid`]).
+    pub fn structure(&self) -> Structure {
+        Structure {
+            response_format: self.response_format.clone(),
+            tools: self.tools.clone(),
+            tool_choice: self.tool_choice.clone(),
+            parallel_tool_calls: self.parallel_tool_calls,
         }
     }
 

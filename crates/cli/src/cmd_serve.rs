@@ -109,7 +109,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     ))?;
     let (engine, metrics) = abserve_server::start_engine(cfg)?;
     let context = engine.plan().context as usize;
-    ab.check(context as u64)?;
+    ab.check(&engine, context as u64)?;
     let config = ServerConfig {
         model_id,
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),

@@ -25,7 +25,7 @@ pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
     Ok(Call {
         messages,
         sampling,
-        structure: Default::default(),
+        structure: v.structure(),
     })
 }
 

@@ -75,6 +75,14 @@ pub struct FanoutResult {
     pub error: Option<String>,
     /// Order in which the engine admitted the variants (0 = first).
     pub admission_rank: usize,
+    /// The tools the variant's answer called (a variant with `tools`; `output` is then the
+    /// content besides the calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::ToolCall>>,
+    /// A constrained answer (`response_format` or tools) finished as a complete match of its
+    /// grammar; absent for a free answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar_complete: Option<bool>,
 }
 
 /// `POST /v1/experiments/{name}/fanout`: every variant on one input.

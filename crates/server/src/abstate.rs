@@ -98,10 +98,14 @@ impl AbState {
 
     /// Checks every stored experiment's variants by the API's rules (a file or an older
     /// version may hold settings the API refuses), for the context the engine serves.
-    pub fn check(&self, context: u64) -> anyhow::Result<()> {
+    pub fn check(
+        &self,
+        tok: &dyn abserve_engine::prepare::Tokenizer,
+        context: u64,
+    ) -> anyhow::Result<()> {
         for e in self.list() {
             for v in &e.variants {
-                crate::validate::variant(v, context).map_err(|err| {
+                crate::validate::variant(v, tok, context).map_err(|err| {
                     anyhow::anyhow!(
                         "experiment '{}': {}: {}",
                         e.name,

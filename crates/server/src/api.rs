@@ -96,12 +96,14 @@ fn chat_request(
     let mut messages = chat_messages(&req)?;
     let n = n_choices(req.common.n)?;
     let (mut sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
+    let mut structure = req.common.structure.clone();
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers)?;
             (messages, sampling) = v
                 .apply(&messages, &sampling)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            structure = structure.overlaid(&v.structure());
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
@@ -110,7 +112,7 @@ fn chat_request(
         &*state.engine,
         Input::Chat(&messages),
         &sampling,
-        &req.common.structure,
+        &structure,
         &options,
         state.limits(),
     )?;
@@ -134,6 +136,7 @@ fn completion_request(
     let n = n_choices(req.common.n)?;
     let mut prompts = completion_prompts(&req, n, state.engine.n_vocab())?;
     let (mut sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);
+    let mut structure = req.common.structure.clone();
     let (model, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers)?;
@@ -148,6 +151,7 @@ fn completion_request(
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             prompts = vec![PromptInput::Text(text)];
             sampling = sampling.overlaid(&v.sampling());
+            structure = structure.overlaid(&v.structure());
             (format!("experiment:{name}"), Some(routed))
         }
         None => (check_model(state, &req.common.model)?, None),
@@ -158,7 +162,7 @@ fn completion_request(
             &*state.engine,
             p.into(),
             &sampling,
-            &req.common.structure,
+            &structure,
             &options,
             state.limits(),
         )?;

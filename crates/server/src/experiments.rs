@@ -8,10 +8,11 @@ use abserve_ab::assign;
 use abserve_ab::OutcomeEvent;
 use abserve_ab::{Experiment, Status};
 use abserve_engine::prepare::{prepare, Input, Options};
+use abserve_engine::tools::ToolUse;
 use abserve_engine::ChatMessage;
 use abserve_engine::Request;
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
-use abserve_protocol::{Sampling, Structure};
+use abserve_protocol::Sampling;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -76,7 +77,7 @@ async fn parse_experiment(
             };
             e.validate().map_err(|e| ApiError::bad_request(e.0))?;
             for v in &e.variants {
-                crate::validate::variant(v, st.engine.plan().context)?;
+                crate::validate::variant(v, &*st.engine, st.engine.plan().context)?;
             }
             Ok(e)
         })
@@ -327,6 +328,7 @@ pub async fn fanout(
     let (input, requests) = state
         .prepare(move |st| fanout_requests(st, &exp, &body))
         .await?;
+    let (requests, tools): (Vec<Request>, Vec<Option<ToolUse>>) = requests.into_iter().unzip();
     // one group: every variant enters the queue, or none does
     let admitted = state.admit_group(requests, GroupOf::Variants).await?;
     let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
@@ -346,7 +348,8 @@ pub async fn fanout(
         .variants
         .iter()
         .zip(outs)
-        .map(|(v, o)| fanout_result(&state, &v.id, o))
+        .zip(&tools)
+        .map(|((v, o), t)| fanout_result(&state, &v.id, o, t.as_ref()))
         .collect();
     // admission rank of each variant (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
@@ -363,12 +366,13 @@ pub async fn fanout(
 }
 
 /// The request of every variant of `exp` for a fan-out body, prepared as a chat request routed
-/// to that variant would be (an unset `max_tokens` is clamped to the room the context leaves).
+/// to that variant would be (an unset `max_tokens` is clamped to the room the context leaves),
+/// with the tools its answer is read for.
 fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
-) -> Result<(String, Vec<Request>), ApiError> {
+) -> Result<(String, Vec<(Request, Option<ToolUse>)>), ApiError> {
     let b: FanoutBody = crate::validate::parse_body(body)?;
     let defaults = Sampling {
         temperature: Some(1.0),
@@ -383,18 +387,19 @@ fn fanout_requests(
             &*st.engine,
             Input::Chat(&msgs),
             &sampling,
-            &Structure::default(),
+            &v.structure(),
             &Options::new(256),
             st.limits(),
         )?;
-        requests.push(Request {
+        let r = Request {
             prompt: p.prompt,
             params: p.params,
             group: Some(exp.name.clone()),
             priority: false,
             kv_share: exp.max_kv_share,
             constraint: p.constraint,
-        });
+        };
+        requests.push((r, p.tools));
     }
     Ok((b.input, requests))
 }
@@ -404,6 +409,7 @@ fn fanout_result(
     state: &AppState,
     variant: &str,
     o: Result<abserve_engine::Output, abserve_engine::GenerationError>,
+    tools: Option<&ToolUse>,
 ) -> FanoutResult {
     let mut r = FanoutResult {
         variant: variant.to_string(),
@@ -419,6 +425,14 @@ fn fanout_result(
             r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
             r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
             r.finish_reason = Some(d.finish_reason.as_str().into());
+            r.grammar_complete = d.grammar.map(|g| g.complete);
+            if let Some(t) = tools {
+                let text = r.output.take().unwrap_or_default();
+                let (m, finish) = crate::tool_calls::message(t, &text, d.finish_reason.as_str());
+                r.output = m.content;
+                r.tool_calls = m.tool_calls;
+                r.finish_reason = Some(finish);
+            }
         }
         Err(err) => {
             state.metrics.generation_error(&err);

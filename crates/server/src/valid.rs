@@ -65,6 +65,8 @@ pub(crate) async fn expose(
         ttft_ms: d.map(|d| d.time_to_first_token.as_secs_f64() * 1e3),
         output_tokens: d.map(|d| d.completion_tokens as u64),
         error,
+        constrained: d.is_some_and(|d| d.grammar.is_some()),
+        grammar_complete: d.and_then(|d| d.grammar.map(|g| g.complete)),
     };
     let r = ab.record_exposure(routed.experiment.clone(), x).await;
     if let Err(e) = &r {

@@ -8,7 +8,9 @@
 //! peers that would change the answer and that abserve does not implement (a 400 naming each);
 //! wrong types are a 400 saying what is wrong.
 
-use abserve_engine::prepare::{sampling_params, unsupported_fields, Options, PrepareError};
+use abserve_engine::prepare::{
+    constraint, sampling_params, shape, unsupported_fields, Options, PrepareError, Tokenizer,
+};
 
 use crate::error::ApiError;
 
@@ -44,8 +46,9 @@ pub fn parse_openai<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, A
 
 /// Checks an experiment's variant as the request it will produce: its sampling settings by the
 /// rules above, its `max_tokens` within `context`, its template by rendering it (bounded) for a
-/// probe input. An experiment is stored only when every variant passes.
-pub fn variant(v: &abserve_ab::Variant, context: u64) -> Result<(), ApiError> {
+/// probe input, its `response_format` and tools by compiling their grammar for the model's
+/// vocabulary (`tok`). An experiment is stored only when every variant passes.
+pub fn variant(v: &abserve_ab::Variant, tok: &dyn Tokenizer, context: u64) -> Result<(), ApiError> {
     let scope = format!("variants.{}", v.id);
     let at = |e: PrepareError| ApiError::from(e.within(&scope));
     let s = v.sampling();
@@ -62,7 +65,10 @@ pub fn variant(v: &abserve_ab::Variant, context: u64) -> Result<(), ApiError> {
             return Err(at(e));
         }
     }
-    v.chat_for_input("test input")
+    let probe = v
+        .chat_for_input("test input")
         .map_err(|e| at(PrepareError::new("template", e.message)))?;
+    let shaped = shape(tok, Some(&probe), &v.structure()).map_err(at)?;
+    constraint(tok, shaped.grammar.as_ref()).map_err(at)?;
     Ok(())
 }

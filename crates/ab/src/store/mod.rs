@@ -58,6 +58,12 @@ pub struct Exposure {
     pub ttft_ms: Option<f64>,
     pub output_tokens: Option<u64>,
     pub error: Option<String>,
+    /// The answer was constrained by a grammar (`response_format` or tools).
+    #[serde(default)]
+    pub constrained: bool,
+    /// A constrained answer finished as a complete match of its grammar.
+    #[serde(default)]
+    pub grammar_complete: Option<bool>,
 }
 
 /// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
@@ -310,12 +316,13 @@ impl Store {
     }
 
     pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
-        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
         let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         on_pool!(self, p => sqlx::query(q)
             .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
             .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
+            .bind(x.constrained).bind(x.grammar_complete)
             .execute(p).await?.rows_affected());
         Ok(())
     }
@@ -327,7 +334,7 @@ impl Store {
         experiment: &str,
         limit: u32,
     ) -> Result<Vec<RecordedExposure>, StoreError> {
-        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error FROM exposures
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete FROM exposures
                  WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
         type Row = (
             f64,
@@ -338,12 +345,25 @@ impl Store {
             Option<f64>,
             Option<i64>,
             Option<String>,
+            bool,
+            Option<bool>,
         );
         let rows: Vec<Row> = on_pool!(self, p => sqlx::query_as(q).bind(experiment).bind(limit as i64).fetch_all(p).await?);
         Ok(rows
             .into_iter()
             .map(
-                |(at, variant, unit, forced, latency_ms, ttft_ms, tokens, error)| {
+                |(
+                    at,
+                    variant,
+                    unit,
+                    forced,
+                    latency_ms,
+                    ttft_ms,
+                    tokens,
+                    error,
+                    constrained,
+                    grammar_complete,
+                )| {
                     RecordedExposure {
                         at,
                         exposure: Exposure {
@@ -354,6 +374,8 @@ impl Store {
                             ttft_ms,
                             output_tokens: tokens.map(|t| t.max(0) as u64),
                             error,
+                            constrained,
+                            grammar_complete,
                         },
                     }
                 },

@@ -28,6 +28,8 @@ fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
         ttft_ms: Some(10.0),
         output_tokens: Some(20),
         error: None,
+        constrained: false,
+        grammar_complete: None,
     }
 }
 
@@ -59,13 +61,44 @@ on_both!(
     a_batch_retried_concurrently_through_another_connection_is_stored_once,
     job_results_are_stored_once_per_job,
     ratio_metrics_history_and_adjustments_come_from_the_database,
+    constrained_answers_give_each_variant_its_share_finished_inside_the_grammar,
 );
+
+/// Variant a answers under a grammar (3 of 4 finish inside it), b freely: `grammar_complete` is
+/// a's share, b has no value of it; exposures read back with both fields.
+async fn constrained_answers_give_each_variant_its_share_finished_inside_the_grammar(f: &Fresh) {
+    let s = f.store().await;
+    for i in 0..8 {
+        let mut x = exposure(if i % 2 == 0 { "a" } else { "b" }, &format!("u{i}"), 10.0);
+        if i % 2 == 0 {
+            x.constrained = true;
+            x.grammar_complete = Some(i != 6);
+        }
+        s.record_exposure("aa", &x).await.unwrap();
+    }
+    let r = s.results(&exp()).await.unwrap();
+    let a = &r.variants[0].metrics["grammar_complete"].summary;
+    assert_eq!((a.n, a.mean), (4, 0.75));
+    let b = r.variants[1].metrics.get("grammar_complete");
+    assert!(b.is_none_or(|m| m.summary.n == 0), "b answered freely");
+    let recent = s.recent_exposures("aa", 8).await.unwrap();
+    let six = recent.iter().find(|x| x.exposure.unit == "u6").unwrap();
+    assert_eq!(
+        (six.exposure.constrained, six.exposure.grammar_complete),
+        (true, Some(false))
+    );
+    let one = recent.iter().find(|x| x.exposure.unit == "u1").unwrap();
+    assert_eq!(
+        (one.exposure.constrained, one.exposure.grammar_complete),
+        (false, None)
+    );
+}
 
 async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fresh) {
     let e = exp();
     {
         let s = f.store().await;
-        assert_eq!(s.schema_version().await.unwrap(), 2);
+        assert_eq!(s.schema_version().await.unwrap(), 3);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
         assert_eq!(
@@ -132,6 +165,8 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
         ttft_ms: None,
         output_tokens: None,
         error: None,
+        constrained: false,
+        grammar_complete: None,
     };
     s.record_exposure("aa", &forced).await.unwrap();
     s.record_events(
@@ -366,7 +401,7 @@ async fn a_store_from_before_sqlx_keeps_its_rows() {
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
-    assert_eq!(s.schema_version().await.unwrap(), 2);
+    assert_eq!(s.schema_version().await.unwrap(), 3);
     f.drop().await;
 }
 

@@ -136,12 +136,14 @@ fn choice_of(choice: Option<&ToolChoice>, tools: &[Tool]) -> Result<Choice, Prep
             "none" => Choice::None,
             "auto" => Choice::Auto,
             "required" => Choice::Required,
-            other => return Err(PrepareError::new(
-                "tool_choice",
-                format!(
+            other => {
+                return Err(PrepareError::new(
+                    "tool_choice",
+                    format!(
                     "tool_choice must be none, auto, required or a named function, got '{other}'"
                 ),
-            )),
+                ))
+            }
         },
         Some(ToolChoice::Named(n)) => Choice::Named(n.function.name.clone()),
     };
