@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use abserve_protocol::calls::{Call, CallError, Generation, DEFAULT_MAX_TOKENS};
+use abserve_protocol::calls::{tool_calls_text, Call, CallError, Generation, DEFAULT_MAX_TOKENS};
 
 use crate::engine::Engine;
 use crate::prepare::{Input, Options};
@@ -34,6 +34,7 @@ pub async fn chat(engine: &Engine, call: &Call) -> Result<Generation, CallError>
         )
         .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
     let started = Instant::now();
+    let tools = prepared.tools.clone();
     let rx = match engine.submit(prepared.request()) {
         Ok(rx) => rx,
         Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
@@ -43,8 +44,18 @@ pub async fn chat(engine: &Engine, call: &Call) -> Result<Generation, CallError>
         .await
         .map_err(|e| CallError::Failed(e.to_string()))?;
     let latency = started.elapsed();
+    // an answer with tools is scored as its calls or its content, as over HTTP
+    let text = match tools.map(|t| crate::tools::parse(t.format, &o.text)) {
+        None => o.text,
+        Some(p) if p.calls.is_empty() => p.content.unwrap_or_default(),
+        Some(p) => {
+            let c: Vec<(String, String)> =
+                p.calls.into_iter().map(|c| (c.name, c.arguments)).collect();
+            tool_calls_text(&c)
+        }
+    };
     Ok(Generation {
-        text: o.text,
+        text,
         prompt_tokens: o.completion.prompt_tokens as u64,
         completion_tokens: o.completion.completion_tokens as u64,
         ttft: o.first_token_after.unwrap_or(latency),

@@ -72,8 +72,10 @@ pub enum ScorerKind {
         re: regex::Regex,
     },
     JsonValid,
+    /// `None`: each variant's own `response_format` schema (the share of valid answers per
+    /// variant).
     JsonSchema {
-        schema: serde_json::Value,
+        schema: Option<serde_json::Value>,
     },
     Length {
         unit: LengthUnit,
@@ -202,21 +204,29 @@ impl ScorerDef {
         Some(format!("'{f}' does not apply to a {} scorer", self.kind))
     }
 
-    /// A `json_schema` scorer: its schema inline or from a file beside the config, checked.
+    /// A `json_schema` scorer: its schema inline or from a file beside the config, checked; with
+    /// neither, each variant's `response_format` schema.
     fn json_schema_kind(&self, base_dir: &Path) -> Result<ScorerKind, String> {
-        let schema: serde_json::Value = match (&self.schema, &self.schema_file) {
-            (Some(s), None) => serde_json::to_value(s).map_err(|e| e.to_string())?,
-            (None, Some(f)) => {
-                let path = base_dir.join(f);
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                serde_json::from_str(&text)
-                    .map_err(|e| format!("{} is not JSON: {e}", path.display()))?
-            }
-            _ => return Err("give exactly one of schema or schema_file".into()),
-        };
+        let schema: serde_json::Value =
+            match (&self.schema, &self.schema_file) {
+                (None, None) => return Ok(ScorerKind::JsonSchema { schema: None }),
+                (Some(s), None) => serde_json::to_value(s).map_err(|e| e.to_string())?,
+                (None, Some(f)) => {
+                    let path = base_dir.join(f);
+                    let text = std::fs::read_to_string(&path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                    serde_json::from_str(&text)
+                        .map_err(|e| format!("{} is not JSON: {e}", path.display()))?
+                }
+                _ => return Err(
+                    "give one of schema or schema_file (or neither: the variant's response_format)"
+                        .into(),
+                ),
+            };
         jsonschema::validator_for(&schema).map_err(|e| format!("invalid JSON schema: {e}"))?;
-        Ok(ScorerKind::JsonSchema { schema })
+        Ok(ScorerKind::JsonSchema {
+            schema: Some(schema),
+        })
     }
 
     /// A `length` scorer: its unit and an optional maximum ≥ 0.

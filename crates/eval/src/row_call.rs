@@ -84,7 +84,8 @@ pub(crate) async fn score_all(cfg: &EvalConfig, row: &Row, r: &mut ResultRow, on
         {
             continue;
         }
-        match scorers::score(s, row, r).await {
+        let v = cfg.experiment.variants.iter().find(|v| v.id == r.variant);
+        match scorers::score(s, row, r, v).await {
             Ok(x) => {
                 r.scores.insert(s.name.clone(), x);
             }

@@ -5,6 +5,7 @@
 use std::process::Stdio;
 
 use abserve_ab::render_row;
+use abserve_protocol::ResponseFormat;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -43,8 +44,24 @@ pub fn json_of(output: &str) -> Option<Value> {
     serde_json::from_str(inner.trim()).ok()
 }
 
-/// Scores a finished answer. `row_ctx` is the row's fields as a JSON object.
-pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, ScoreError> {
+/// The JSON Schema a variant's `response_format` asks for (`json_object`: any object).
+pub fn variant_schema(v: &abserve_ab::Variant) -> Option<Value> {
+    match v.response_format.as_ref()? {
+        ResponseFormat::JsonSchema { json_schema } => {
+            Some(json_schema.schema.clone().unwrap_or_else(|| json!({})))
+        }
+        ResponseFormat::JsonObject => Some(json!({"type": "object"})),
+        _ => None,
+    }
+}
+
+/// Scores a finished answer of variant `v`. `row_ctx` is the row's fields as a JSON object.
+pub async fn score(
+    s: &Scorer,
+    row: &Row,
+    r: &ResultRow,
+    v: Option<&abserve_ab::Variant>,
+) -> Result<f64, ScoreError> {
     let output = r.output.as_deref().unwrap_or_default();
     let ctx = Value::Object(row.fields.clone());
     match &s.kind {
@@ -69,9 +86,16 @@ pub async fn score(s: &Scorer, row: &Row, r: &ResultRow) -> Result<f64, ScoreErr
         ScorerKind::Regex { re } => Ok(b(re.is_match(output))),
         ScorerKind::JsonValid => Ok(b(json_of(output).is_some())),
         ScorerKind::JsonSchema { schema } => {
-            let v =
+            let own = v.and_then(variant_schema);
+            let schema = schema.as_ref().or(own.as_ref()).ok_or_else(|| {
+                ScoreError::Schema(format!(
+                    "variant '{}' has no JSON response_format to score against",
+                    r.variant
+                ))
+            })?;
+            let val =
                 jsonschema::validator_for(schema).map_err(|e| ScoreError::Schema(e.to_string()))?;
-            Ok(b(json_of(output).is_some_and(|j| v.is_valid(&j))))
+            Ok(b(json_of(output).is_some_and(|j| val.is_valid(&j))))
         }
         ScorerKind::Length { unit, max } => {
             let n = match unit {
@@ -203,68 +227,108 @@ mod tests {
         let r = row();
         let s = |t: &str| scorer(t);
         assert_eq!(
-            score(&s("type='exact'"), &r, &result(" paris\n")).await,
+            score(&s("type='exact'"), &r, &result(" paris\n"), None).await,
             Ok(1.0)
         );
         assert_eq!(
             score(
                 &s("type='exact'\ncase_sensitive=true"),
                 &r,
-                &result("paris")
+                &result("paris"),
+                None
             )
             .await,
             Ok(0.0)
         );
         assert_eq!(
-            score(&s("type='contains'"), &r, &result("It is PARIS.")).await,
+            score(&s("type='contains'"), &r, &result("It is PARIS."), None).await,
             Ok(1.0)
         );
         assert_eq!(
             score(
                 &s("type='contains'\nexpected='{{ n }} days'"),
                 &r,
-                &result("in 2 days")
+                &result("in 2 days"),
+                None
             )
             .await,
             Ok(1.0)
         );
         assert_eq!(
-            score(&s("type='regex'\npattern='^\\d+$'"), &r, &result("42")).await,
+            score(
+                &s("type='regex'\npattern='^\\d+$'"),
+                &r,
+                &result("42"),
+                None
+            )
+            .await,
             Ok(1.0)
         );
         assert_eq!(
             score(
                 &s("type='json_valid'"),
                 &r,
-                &result("```json\n{\"a\": 1}\n```")
+                &result("```json\n{\"a\": 1}\n```"),
+                None
             )
             .await,
             Ok(1.0)
         );
         assert_eq!(
-            score(&s("type='json_valid'"), &r, &result("{a: 1}")).await,
+            score(&s("type='json_valid'"), &r, &result("{a: 1}"), None).await,
             Ok(0.0)
         );
         let schema = "type='json_schema'\nschema={type='object', required=['a'], properties={a={type='integer'}}}";
-        assert_eq!(score(&s(schema), &r, &result("{\"a\": 1}")).await, Ok(1.0));
         assert_eq!(
-            score(&s(schema), &r, &result("{\"a\": \"x\"}")).await,
-            Ok(0.0)
+            score(&s(schema), &r, &result("{\"a\": 1}"), None).await,
+            Ok(1.0)
         );
         assert_eq!(
-            score(&s("type='length'"), &r, &result("three small words")).await,
+            score(&s(schema), &r, &result("{\"a\": \"x\"}"), None).await,
+            Ok(0.0)
+        );
+        // without a schema of its own, the scorer takes the variant's response_format
+        let own = s("type='json_schema'");
+        let v: abserve_ab::Variant = toml::from_str(
+            "id = 'v'\nresponse_format = { type = 'json_schema', json_schema = { name = 'x', schema = { type = 'object', required = ['b'] } } }",
+        )
+        .unwrap();
+        assert_eq!(
+            score(&own, &r, &result("{\"b\": 2}"), Some(&v)).await,
+            Ok(1.0)
+        );
+        assert_eq!(
+            score(&own, &r, &result("{\"a\": 2}"), Some(&v)).await,
+            Ok(0.0)
+        );
+        let free: abserve_ab::Variant = toml::from_str("id = 'f'").unwrap();
+        assert!(score(&own, &r, &result("{}"), Some(&free)).await.is_err());
+        assert_eq!(
+            score(&s("type='length'"), &r, &result("three small words"), None).await,
             Ok(3.0)
         );
         assert_eq!(
-            score(&s("type='length'\nunit='tokens'\nmax=5"), &r, &result("x")).await,
+            score(
+                &s("type='length'\nunit='tokens'\nmax=5"),
+                &r,
+                &result("x"),
+                None
+            )
+            .await,
             Ok(0.0)
         );
         assert_eq!(
-            score(&s("type='length'\nunit='chars'"), &r, &result("héllo")).await,
+            score(
+                &s("type='length'\nunit='chars'"),
+                &r,
+                &result("héllo"),
+                None
+            )
+            .await,
             Ok(5.0)
         );
         assert_eq!(
-            score(&s("type='latency'"), &r, &result("x")).await,
+            score(&s("type='latency'"), &r, &result("x"), None).await,
             Ok(0.25)
         );
     }
@@ -277,15 +341,15 @@ mod tests {
         let s = scorer(&format!(
             "type='command'\ncommand=['python3', '-c', \"{py}\"]"
         ));
-        assert_eq!(score(&s, &r, &result("abc")).await, Ok(5.0));
+        assert_eq!(score(&s, &r, &result("abc"), None).await, Ok(5.0));
         let slow = scorer("type='command'\ncommand=['sleep', '5']\ntimeout=0.2");
         assert!(matches!(
-            score(&slow, &r, &result("x")).await,
+            score(&slow, &r, &result("x"), None).await,
             Err(ScoreError::Timeout { .. })
         ));
         let bad = scorer("type='command'\ncommand=['sh', '-c', 'echo nope']");
         assert!(matches!(
-            score(&bad, &r, &result("x")).await,
+            score(&bad, &r, &result("x"), None).await,
             Err(ScoreError::Output { .. })
         ));
     }

@@ -57,6 +57,7 @@ impl Http {
             common: Common {
                 model: Some(self.model.clone()),
                 sampling: call.sampling.clone(),
+                structure: call.structure.clone(),
                 ..Default::default()
             },
             messages: call
@@ -83,8 +84,18 @@ impl Http {
             }
         })?;
         let usage = out.usage.unwrap_or_default();
+        let text = if out.tool_calls.is_empty() {
+            out.text
+        } else {
+            let calls: Vec<(String, String)> = out
+                .tool_calls
+                .into_iter()
+                .map(|c| (c.function.name, c.function.arguments))
+                .collect();
+            abserve_protocol::calls::tool_calls_text(&calls)
+        };
         Ok(Generation {
-            text: out.text,
+            text,
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             ttft: out.timing.ttft.unwrap_or(out.latency),

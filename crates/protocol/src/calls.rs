@@ -24,6 +24,20 @@ pub struct Call {
     pub structure: Structure,
 }
 
+/// The text eval scores for an answer that called tools, the same on every target: its calls as
+/// the generic tool format writes them, `{"tool_calls": [{"name": …, "arguments": {…}}]}`.
+pub fn tool_calls_text(calls: &[(String, String)]) -> String {
+    let calls: Vec<serde_json::Value> = calls
+        .iter()
+        .map(|(name, args)| {
+            let args = serde_json::from_str(args)
+                .unwrap_or_else(|_| serde_json::Value::String(args.clone()));
+            serde_json::json!({"name": name, "arguments": args})
+        })
+        .collect();
+    serde_json::json!({ "tool_calls": calls }).to_string()
+}
+
 /// A finished answer with its token counts and timings (time to first token measured by
 /// streaming over HTTP).
 #[derive(Debug, Clone, Serialize, Deserialize)]

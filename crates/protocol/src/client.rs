@@ -72,6 +72,8 @@ pub struct StreamTiming {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChatOutcome {
     pub text: String,
+    /// The tools the answer called (`message.tool_calls`, or the streamed deltas joined).
+    pub tool_calls: Vec<crate::ToolCall>,
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
     pub timing: StreamTiming,
@@ -201,6 +203,10 @@ impl Client {
             let c = v.choices.first();
             return Ok(ChatOutcome {
                 text: c.and_then(|c| c.content()).unwrap_or_default().to_string(),
+                tool_calls: c
+                    .and_then(|c| c.message.as_ref())
+                    .and_then(|m| m.tool_calls.clone())
+                    .unwrap_or_default(),
                 finish_reason: c.and_then(|c| c.finish_reason.clone()),
                 usage: v.usage,
                 timing: StreamTiming {
@@ -245,6 +251,32 @@ struct Assembler {
 }
 
 impl Assembler {
+    /// Joins a streamed piece of a tool call into the call of its index.
+    fn tool_delta(&mut self, d: &crate::ToolCallDelta) {
+        let calls = &mut self.out.tool_calls;
+        let i = d.index as usize;
+        while calls.len() <= i {
+            calls.push(crate::ToolCall {
+                id: String::new(),
+                kind: "function".into(),
+                function: crate::FunctionCall {
+                    name: String::new(),
+                    arguments: String::new(),
+                },
+            });
+        }
+        let c = &mut calls[i];
+        if let Some(id) = &d.id {
+            c.id.clone_from(id);
+        }
+        c.function
+            .name
+            .push_str(d.function.name.as_deref().unwrap_or_default());
+        c.function
+            .arguments
+            .push_str(d.function.arguments.as_deref().unwrap_or_default());
+    }
+
     fn apply(&mut self, e: SseEvent) -> Result<(), ClientError> {
         let data = match e {
             SseEvent::Done => {
@@ -271,6 +303,9 @@ impl Assembler {
                 }
                 self.last = Some(now);
                 self.out.text.push_str(t);
+            }
+            for d in c.delta.iter().flat_map(|d| d.tool_calls.iter().flatten()) {
+                self.tool_delta(d);
             }
             if c.finish_reason.is_some() {
                 self.out.finish_reason = c.finish_reason.clone();
