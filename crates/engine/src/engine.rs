@@ -417,7 +417,12 @@ impl Tokenizer for Engine {
     }
     fn grammars(&self) -> Result<&Grammars, String> {
         self.grammars
-            .get_or_init(|| Grammars::new(Model::grammar_vocab(&self.model), self.stats.clone()))
+            .get_or_init(|| {
+                Grammars::new(
+                    Model::grammar_vocab(&self.model),
+                    self.stats.grammar_stats(),
+                )
+            })
             .as_ref()
             .map_err(|e| e.clone())
     }

@@ -23,6 +23,7 @@ pub mod device;
 mod engine;
 mod engine_loop;
 pub mod grammar;
+mod invalid;
 mod llama;
 pub mod prepare;
 mod request;

@@ -127,6 +127,27 @@ fn prompt_tokens_once(seqs: &[Prepared]) -> usize {
         .sum()
 }
 
+/// Puts choice `i`'s text where its endpoint carries it, read for tool calls when the request
+/// has tools, with its finish reason.
+fn answer(choice: &mut Choice, req: &ValidRequest, i: usize, text: String, finish: &str) {
+    choice.finish_reason = Some(finish.to_string());
+    match (req.kind, &req.seqs[i].tools) {
+        (Kind::Chat, Some(tools)) => {
+            let (m, finish) = crate::tool_calls::message(tools, &text, finish);
+            choice.message = Some(m);
+            choice.finish_reason = Some(finish);
+        }
+        (Kind::Chat, None) => {
+            choice.message = Some(ResponseMessage {
+                role: "assistant".into(),
+                content: Some(text),
+                tool_calls: None,
+            })
+        }
+        (Kind::Text, _) => choice.text = Some(text),
+    }
+}
+
 /// Waits for every choice, records the exposure, then answers with one JSON body.
 pub(crate) async fn collect_response(
     state: Arc<AppState>,
@@ -162,26 +183,10 @@ pub(crate) async fn collect_response(
         let mut choice = Choice {
             index: i as u32,
             logprobs: want_lp.then(|| logprobs(&state, req.kind, &c.logprobs)),
-            finish_reason: Some(d.finish_reason.as_str().to_string()),
             prompt_token_ids: req.return_token_ids.then(|| req.seqs[i].prompt.clone()),
             ..Default::default()
         };
-        match (req.kind, &req.seqs[i].tools) {
-            (Kind::Chat, Some(tools)) => {
-                let finish = d.finish_reason.as_str();
-                let (m, finish) = crate::tool_calls::message(tools, &c.text, finish);
-                choice.message = Some(m);
-                choice.finish_reason = Some(finish);
-            }
-            (Kind::Chat, None) => {
-                choice.message = Some(ResponseMessage {
-                    role: "assistant".into(),
-                    content: Some(c.text),
-                    tool_calls: None,
-                })
-            }
-            (Kind::Text, _) => choice.text = Some(c.text),
-        }
+        answer(&mut choice, &req, i, c.text, d.finish_reason.as_str());
         choices.push(choice);
     }
     let mut usage = Usage::new(

@@ -21,7 +21,7 @@
 
 mod vocab;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,8 +29,7 @@ use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{SimpleVob, TokEnv};
 
-use crate::prepare::PrepareError;
-use crate::scheduler::EngineStats;
+use crate::invalid::PrepareError;
 
 pub use vocab::{TokenBytes, Vocab};
 
@@ -83,14 +82,29 @@ fn json_options() -> serde_json::Value {
     })
 }
 
+/// Grammars compiled (and the microseconds it took) and refused: at compile time here, or
+/// during generation by the scheduler. Part of the engine's statistics (`EngineStats`).
+#[derive(Debug, Default)]
+pub struct GrammarStats {
+    pub(crate) compiles: AtomicU64,
+    pub(crate) compile_micros: AtomicU64,
+    pub(crate) rejections: AtomicU64,
+}
+
+impl GrammarStats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Compiles grammars for one model's vocabulary (built once, shared by every request).
 pub struct Grammars {
     factory: ParserFactory,
-    stats: Arc<EngineStats>,
+    stats: Arc<GrammarStats>,
 }
 
 impl Grammars {
-    pub fn new(vocab: Vocab, stats: Arc<EngineStats>) -> Result<Grammars, String> {
+    pub fn new(vocab: Vocab, stats: Arc<GrammarStats>) -> Result<Grammars, String> {
         let env: TokEnv = vocab.into_env();
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
@@ -108,9 +122,7 @@ impl Grammars {
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
         };
         let refuse = |message: String| {
-            self.stats
-                .grammar_rejections
-                .fetch_add(1, Ordering::Relaxed);
+            GrammarStats::add(&self.stats.rejections, 1);
             PrepareError::new(field, message)
         };
         let mut matcher = Matcher::new(self.factory.create_parser(top));
@@ -128,11 +140,8 @@ impl Grammars {
             )));
         }
         let took = t0.elapsed();
-        EngineStats::add(&self.stats.grammar_compiles, 1);
-        EngineStats::add(
-            &self.stats.grammar_compile_micros,
-            took.as_micros() as usize,
-        );
+        GrammarStats::add(&self.stats.compiles, 1);
+        GrammarStats::add(&self.stats.compile_micros, took.as_micros() as u64);
         if took > COMPILE_BUDGET {
             return Err(refuse(format!(
                 "the {} took {} ms to compile, over the budget of {} ms",

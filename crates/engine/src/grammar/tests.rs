@@ -46,7 +46,7 @@ pub(crate) fn json_vocab_of(n: usize) -> Vocab {
 }
 
 fn grammars() -> Grammars {
-    Grammars::new(json_vocab(), Arc::new(EngineStats::default())).unwrap()
+    Grammars::new(json_vocab(), Default::default()).unwrap()
 }
 
 fn text_of(v: &Vocab, toks: &[i32]) -> String {

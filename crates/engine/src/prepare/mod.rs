@@ -20,7 +20,6 @@
 //! - **Errors**: a [`PrepareError`] names the field, the limit and the value; nothing here knows
 //!   HTTP.
 
-mod error;
 mod sampling;
 mod structure;
 mod wire;
@@ -33,7 +32,7 @@ use crate::request::Request;
 use crate::sampler::SamplingParams;
 use crate::tools::{ToolFormat, ToolUse};
 
-pub use error::PrepareError;
+pub use crate::invalid::PrepareError;
 pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
 pub use structure::{constraint, logit_bias, response_grammar, shape, Shaped, MAX_LOGIT_BIAS};
 pub use wire::{

@@ -4,7 +4,7 @@
 
 use abserve_protocol::Sampling;
 
-use super::error::PrepareError;
+use crate::invalid::PrepareError;
 use crate::sampler::SamplingParams;
 
 pub const MAX_STOP: usize = 4;

@@ -13,9 +13,9 @@ use std::borrow::Cow;
 use abserve_protocol::{ChatMessage, ResponseFormat, Structure, Tool};
 use serde_json::json;
 
-use super::error::PrepareError;
 use super::Tokenizer;
 use crate::grammar::{Constraint, Grammar};
+use crate::invalid::PrepareError;
 use crate::tools::{tool_use, ToolFormat, ToolUse};
 
 pub const MAX_LOGIT_BIAS: usize = 1024;

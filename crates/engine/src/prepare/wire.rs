@@ -8,7 +8,7 @@
 use abserve_protocol::wire::{ChatRequest, CompletionRequest, Content, Prompt};
 use abserve_protocol::ChatMessage;
 
-use super::error::PrepareError;
+use crate::invalid::PrepareError;
 
 pub const MAX_N: i64 = 16;
 pub const MAX_MESSAGES: usize = 1024;

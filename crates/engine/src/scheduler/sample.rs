@@ -161,6 +161,6 @@ fn force(s: &mut Seq, stats: &EngineStats) {
 }
 
 fn grammar_failed(stats: &EngineStats, e: String) -> End {
-    stats.grammar_rejections.fetch_add(1, Ordering::Relaxed);
+    stats.grammar.rejections.fetch_add(1, Ordering::Relaxed);
     End::Fail(GenerationError::Grammar(e))
 }

@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::grammar::GrammarStats;
 
 #[derive(Debug, Default)]
 pub struct EngineStats {
@@ -44,11 +46,8 @@ pub struct EngineStats {
     pub(crate) itl_held: AtomicU64,
     /// Impossible states met (each failed one request) and panics caught (each failed all).
     pub(crate) faults: AtomicU64,
-    /// Grammars compiled (`Grammars::compile`, in the preparation stage) and the microseconds they took.
-    pub(crate) grammar_compiles: AtomicU64,
-    pub(crate) grammar_compile_micros: AtomicU64,
-    /// Grammars refused at compile time (a 400) or failed during generation (a per-step limit).
-    pub(crate) grammar_rejections: AtomicU64,
+    /// Grammars compiled and refused (shared with the grammar compiler, `Grammars`).
+    pub(crate) grammar: Arc<GrammarStats>,
     /// Token masks computed for constrained sequences, and the microseconds they took.
     pub(crate) grammar_masks: AtomicU64,
     pub(crate) grammar_mask_micros: AtomicU64,
@@ -86,9 +85,9 @@ impl EngineStats {
             prefix_store_bytes: l(&self.prefix_store_bytes),
             prefix_store_entries: l(&self.prefix_store_entries),
             prefix_restores: l(&self.prefix_restores),
-            grammar_compiles: l(&self.grammar_compiles),
-            grammar_compile_micros: l(&self.grammar_compile_micros),
-            grammar_rejections: l(&self.grammar_rejections),
+            grammar_compiles: l(&self.grammar.compiles),
+            grammar_compile_micros: l(&self.grammar.compile_micros),
+            grammar_rejections: l(&self.grammar.rejections),
             grammar_masks: l(&self.grammar_masks),
             grammar_mask_micros: l(&self.grammar_mask_micros),
             constrained_tokens: l(&self.constrained_tokens),
@@ -112,6 +111,11 @@ impl EngineStats {
         self.groups
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The counters the grammar compiler writes.
+    pub fn grammar_stats(&self) -> Arc<GrammarStats> {
+        self.grammar.clone()
     }
 
     pub(crate) fn add(counter: &AtomicU64, n: usize) {

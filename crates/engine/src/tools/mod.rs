@@ -24,7 +24,7 @@ use abserve_protocol::{Tool, ToolChoice};
 use serde_json::{json, Value};
 
 use crate::grammar::{with_json_options, Grammar};
-use crate::prepare::PrepareError;
+use crate::invalid::PrepareError;
 
 pub use format::{parse, ParsedCall, ParsedOutput};
 

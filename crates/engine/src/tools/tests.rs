@@ -1,15 +1,12 @@
 //! Tool formats: detection from templates, the checks of `tools`/`tool_choice`, grammars that
 //! compile and admit exactly a call, and parsing each format's text.
 
-use std::sync::Arc;
-
 use abserve_protocol::{FunctionDef, NamedFunction, NamedTool, Tool, ToolChoice};
 use serde_json::json;
 
 use super::*;
 use crate::grammar::tests::{choose, json_vocab, Pick};
 use crate::grammar::Grammars;
-use crate::scheduler::EngineStats;
 
 fn weather() -> Tool {
     Tool {
@@ -114,7 +111,7 @@ fn walk_by(g: &Grammars, grammar: &Grammar, pick: Pick) -> String {
 
 #[test]
 fn a_required_call_is_constrained_to_the_tools_schema_in_every_format() {
-    let g = Grammars::new(json_vocab(), Arc::new(EngineStats::default())).unwrap();
+    let g = Grammars::new(json_vocab(), Default::default()).unwrap();
     let t = [weather()];
     for format in [
         ToolFormat::Generic,

@@ -8,7 +8,7 @@ use crate::grammar::{Constraint, Grammar, Grammars};
 use crate::request::GrammarOutcome;
 
 fn grammars() -> Grammars {
-    Grammars::new(json_vocab_of(VOCAB), Arc::new(EngineStats::default())).unwrap()
+    Grammars::new(json_vocab_of(VOCAB), Default::default()).unwrap()
 }
 
 fn pieces() -> Vec<Vec<u8>> {
