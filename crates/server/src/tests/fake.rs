@@ -84,11 +84,8 @@ impl Fake {
                 weights_bytes: 1 << 20,
             }),
         });
-        let grammars = Grammars::new(
-            Vocab::bytes(),
-            Arc::new(abserve_engine::EngineStats::default()),
-        )
-        .expect("the byte vocabulary builds");
+        let grammars =
+            Grammars::new(Vocab::bytes(), Default::default()).expect("the byte vocabulary builds");
         Fake {
             plan,
             ctl,
