@@ -297,7 +297,7 @@ mod tests {
         let chat = ChunkChoice {
             delta: Some(Delta {
                 content: Some("a".into()),
-                role: None,
+                ..Default::default()
             }),
             ..Default::default()
         };
