@@ -411,3 +411,18 @@ def test_a_variant_with_a_schema_and_one_without_each_answer_in_their_own_format
         "name": "broken", "variants": [{"id": "a"}, {"id": "b", "response_format": {"type": "regex", "regex": "("}}],
     })
     assert status == 400 and json.loads(text)["error"]["param"].startswith("variants.b."), text
+
+
+def test_a_cached_prefix_is_shared_across_schemas(server):
+    c = client(server)
+    system = "You are a data assistant. " + " ".join(f"Rule {i}: keep field {i} short." for i in range(20))
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "One record, please."}]
+    used = []
+    for name in ["enum", "array_bounds", "pattern"]:
+        r = c.chat.completions.create(
+            model=MODEL_ID, messages=msgs, temperature=0, max_tokens=80,
+            response_format={"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name]}},
+        )
+        used.append(r.usage.prompt_tokens_details.cached_tokens)
+    # the same prompt under another schema reuses the first answer's prompt KV
+    assert used[1] > 0 and used[2] > 0, used

@@ -495,6 +495,41 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_the_pick_and_a_mask_rules_tokens_out() {
+        let l = logits();
+        let top = argmax(&l);
+        let other = (top + 1) % 100;
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(top, -100.0)],
+            ..SamplingParams::greedy(4)
+        });
+        assert_ne!(s.sample(&l, &[], None).0, top, "-100 bans the argmax");
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(other, 100.0)],
+            logprobs: Some(0),
+            ..SamplingParams::greedy(4)
+        });
+        let (t, lp) = s.sample(&l, &[], None);
+        assert_eq!(t, other, "+100 all but forces a token");
+        // log-probabilities are the model's, before the bias
+        assert!(lp.unwrap().logprob < -1.0);
+        let mut allowed = SimpleVob::alloc(100);
+        allowed.allow_token(7);
+        allowed.allow_token(9);
+        for temperature in [0.0, 1.5] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                seed: Some(3),
+                ..SamplingParams::greedy(4)
+            });
+            for _ in 0..50 {
+                let t = s.sample(&l, &[], Some(&allowed)).0;
+                assert!(t == 7 || t == 9, "the mask allowed 7 and 9, got {t}");
+            }
+        }
+    }
+
+    #[test]
     fn validation_names_the_parameter() {
         let bad = SamplingParams {
             temperature: 3.0,
