@@ -170,8 +170,56 @@ fn what(g: &Grammar) -> &'static str {
     }
 }
 
-fn json_schema(schema: serde_json::Value) -> TopLevelGrammar {
+fn json_schema(mut schema: serde_json::Value) -> TopLevelGrammar {
+    close_objects(&mut schema);
     TopLevelGrammar::from_json_schema(with_json_options(schema))
+}
+
+/// Objects with listed `properties` and no word on others get `additionalProperties: false`,
+/// as OpenAI's strict mode and xgrammar's strict mode read them: the answer is still valid under
+/// the schema as written (a closed object is one of the open ones), and a small model cannot
+/// wander into keys of its own. Schemas that combine objects with `allOf` are left as written
+/// (closing both halves would make them unsatisfiable), as are those that say anything about
+/// other keys (`additionalProperties`, `patternProperties`, `unevaluatedProperties`).
+pub fn close_objects(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(o) = schema else {
+        return;
+    };
+    if o.contains_key("allOf") {
+        return;
+    }
+    let open = [
+        "additionalProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+    ]
+    .iter()
+    .all(|k| !o.contains_key(*k));
+    let listed = o
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| !p.is_empty());
+    if open && listed {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, v) in o.iter_mut() {
+        match (k.as_str(), v) {
+            // maps of schemas
+            ("properties" | "$defs" | "definitions" | "dependentSchemas", Value::Object(m)) => {
+                m.values_mut().for_each(close_objects)
+            }
+            // lists of schemas
+            ("anyOf" | "oneOf" | "prefixItems", Value::Array(a)) => {
+                a.iter_mut().for_each(close_objects)
+            }
+            // one schema
+            ("items" | "additionalItems" | "not" | "if" | "then" | "else" | "contains", v) => {
+                close_objects(v)
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `schema` with abserve's JSON layout (`", "`, `": "`, no free whitespace) unless it sets its

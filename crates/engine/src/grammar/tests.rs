@@ -186,3 +186,39 @@ fn a_lark_grammar_and_any_json_object_compile() {
         "{t}"
     );
 }
+
+#[test]
+fn listed_objects_are_closed_unless_the_schema_says_otherwise() {
+    let mut s = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "open": {"type": "object", "properties": {"y": {}}, "additionalProperties": true},
+            "list": {"type": "array", "items": {"properties": {"z": {}}}},
+            "any": {"type": "object"}
+        },
+        "$defs": {"d": {"properties": {"w": {}}}},
+        "anyOf": [{"properties": {"v": {}}}],
+    });
+    close_objects(&mut s);
+    assert_eq!(s["additionalProperties"], false);
+    let p = &s["properties"];
+    assert!(
+        p.get("additionalProperties").is_none(),
+        "a property named 'properties' is data"
+    );
+    assert_eq!(p["properties"]["additionalProperties"], false);
+    assert_eq!(p["open"]["additionalProperties"], true);
+    assert_eq!(p["list"]["items"]["additionalProperties"], false);
+    assert!(
+        p["any"].get("additionalProperties").is_none(),
+        "an object without properties stays open"
+    );
+    assert_eq!(s["$defs"]["d"]["additionalProperties"], false);
+    assert_eq!(s["anyOf"][0]["additionalProperties"], false);
+    let mut all =
+        serde_json::json!({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]});
+    let before = all.clone();
+    close_objects(&mut all);
+    assert_eq!(all, before, "allOf is left as written");
+}

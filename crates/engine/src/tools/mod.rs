@@ -23,7 +23,7 @@ mod format;
 use abserve_protocol::{Tool, ToolChoice};
 use serde_json::{json, Value};
 
-use crate::grammar::{with_json_options, Grammar};
+use crate::grammar::{close_objects, with_json_options, Grammar};
 use crate::invalid::PrepareError;
 
 pub use format::{parse, ParsedCall, ParsedOutput};
@@ -265,7 +265,9 @@ impl ToolUse {
             }
             _ if !self.forced() => None,
             ToolFormat::Hermes => {
-                let call = with_json_options(self.call_schema("arguments")).to_string();
+                let mut call = self.call_schema("arguments");
+                close_objects(&mut call);
+                let call = with_json_options(call).to_string();
                 let start = if self.parallel {
                     "start: block (\"\\n\" block)*"
                 } else {
