@@ -390,12 +390,6 @@ impl Metrics {
         self.kv_cells_cached.set(s.kv_cells_cached as i64);
         self.running.set(s.running as i64);
         self.waiting.set(s.waiting as i64);
-        let bump = |c: &IntCounter, v: u64| {
-            let cur = c.get();
-            if v > cur {
-                c.inc_by(v - cur);
-            }
-        };
         bump(&self.preemptions, s.preemptions);
         bump(&self.cancellations, s.cancellations);
         bump(&self.prompt_tokens, s.prompt_tokens);
@@ -447,6 +441,11 @@ impl Metrics {
     }
 }
 
+/// Moves a counter up to `v`, the engine's count (counters never go down).
+fn bump(c: &IntCounter, v: u64) {
+    c.inc_by(v.saturating_sub(c.get()));
+}
+
 /// Structured outputs: compile and mask time, forced-token share, rejections.
 struct GrammarMetrics {
     compiles: IntCounter,
@@ -475,7 +474,6 @@ impl GrammarMetrics {
     }
 
     fn copy(&self, s: &abserve_engine::StatsSnapshot) {
-        let bump = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         let secs = |c: &prometheus::Counter, micros: u64| {
             let v = micros as f64 / 1e6;
             if v > c.get() {
