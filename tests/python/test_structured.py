@@ -267,7 +267,7 @@ def test_unsupported_fields_are_400_naming_them(server, field, value):
 
 def test_hostile_schemas_are_refused_or_bounded_while_health_and_streams_go_on():
     # a body limit large enough for an enum of 100,000 values (llguidance's lexer fuel refuses it)
-    server = Server("--body-limit", "8000000")
+    server = Server("--body-limit", "8000000", context=1024)
     try:
         hostile_schemas(server)
     finally:
@@ -291,7 +291,7 @@ def hostile_schemas(server):
     def stream():
         s = client(server).chat.completions.create(
             model=MODEL_ID, messages=[{"role": "user", "content": "Count slowly from one to one hundred."}],
-            max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True},
+            max_tokens=900, temperature=0, stream=True, extra_body={"ignore_eos": True},
         )
         for chunk in s:
             got.append(time.monotonic())
