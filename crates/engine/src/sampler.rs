@@ -200,11 +200,8 @@ impl Sampler {
         recent: &[i32],
         allowed: Option<&SimpleVob>,
     ) -> (i32, Option<TokenLogprob>) {
-        let p = &self.params;
-        let penalised =
-            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         let mut owned;
-        let logits: &[f32] = if penalised {
+        let logits: &[f32] = if self.penalised() {
             owned = logits.to_vec();
             self.penalise(&mut owned, recent);
             &owned
@@ -246,13 +243,18 @@ impl Sampler {
     /// reports a sampled token's: after the penalties.
     pub fn logprob(&self, logits: &[f32], recent: &[i32], token: i32) -> Option<TokenLogprob> {
         let n = self.params.logprobs?;
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        if self.penalised() {
             let mut owned = logits.to_vec();
             self.penalise(&mut owned, recent);
             return Some(logprob_of(&owned, token, n as usize));
         }
         Some(logprob_of(logits, token, n as usize))
+    }
+
+    /// Whether any penalty changes the logits (then they are copied and `penalise`d).
+    fn penalised(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
     }
 
     fn penalise(&self, owned: &mut [f32], recent: &[i32]) {

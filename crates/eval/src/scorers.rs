@@ -5,7 +5,8 @@
 use std::process::Stdio;
 
 use abserve_ab::render_row;
-use abserve_protocol::ResponseFormat;
+use abserve_engine::grammar::Grammar;
+use abserve_engine::prepare::response_grammar;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -44,14 +45,13 @@ pub fn json_of(output: &str) -> Option<Value> {
     serde_json::from_str(inner.trim()).ok()
 }
 
-/// The JSON Schema a variant's `response_format` asks for (`json_object`: any object).
+/// The JSON Schema a variant's `response_format` asks for (`json_object`: any object), read
+/// as the engine reads it (`abserve_engine::prepare::response_grammar`).
 pub fn variant_schema(v: &abserve_ab::Variant) -> Option<Value> {
-    match v.response_format.as_ref()? {
-        ResponseFormat::JsonSchema { json_schema } => {
-            Some(json_schema.schema.clone().unwrap_or_else(|| json!({})))
-        }
-        ResponseFormat::JsonObject => Some(json!({"type": "object"})),
-        _ => None,
+    match response_grammar(v.response_format.as_ref())? {
+        Grammar::JsonSchema(s) => Some(s),
+        Grammar::JsonObject => Some(json!({"type": "object"})),
+        Grammar::Regex(_) | Grammar::Lark(_) => None,
     }
 }
 

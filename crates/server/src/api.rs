@@ -231,17 +231,22 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 
 /// Admits every sequence of the request as one group (all or none: see [`AppState::admit_group`]),
 /// then answers.
-async fn run(state: Arc<AppState>, req: ValidRequest) -> Result<Response, ApiError> {
+async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, ApiError> {
+    let (group, kv_share) = match &req.routed {
+        Some(r) => (Some(r.experiment.clone()), r.kv_share),
+        None => (None, None),
+    };
+    // the compiled grammar moves to the engine (the answer needs only the tokens and tools)
     let seqs = req
         .seqs
-        .iter()
+        .iter_mut()
         .map(|p| Request {
             prompt: p.prompt.clone(),
             params: p.params.clone(),
-            group: req.routed.as_ref().map(|r| r.experiment.clone()),
+            group: group.clone(),
             priority: false,
-            kv_share: req.routed.as_ref().and_then(|r| r.kv_share),
-            constraint: p.constraint.clone(),
+            kv_share,
+            constraint: p.constraint.take(),
         })
         .collect();
     let what = match req.kind {
