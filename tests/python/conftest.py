@@ -14,10 +14,10 @@ MODEL_ID = "smol"
 
 
 class Server:
-    def __init__(self, *extra, context=512):
+    def __init__(self, *extra, context=512, model=MODEL):
         assert BINARY.exists(), "build first: cargo build --release"
         args = [
-            str(BINARY), "serve", "--model", str(MODEL), "--model-id", MODEL_ID, "--port", "0",
+            str(BINARY), "serve", "--model", str(model), "--model-id", MODEL_ID, "--port", "0",
             "--threads", "2", "--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096",
             "--data-dir", tempfile.mkdtemp(prefix="abserve-py-"), *extra,
         ]

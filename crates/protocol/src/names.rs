@@ -62,6 +62,7 @@ pub const GRAMMAR_MASK_SECONDS: &str = "abserve_grammar_mask_seconds_total";
 pub const CONSTRAINED_TOKENS: &str = "abserve_constrained_tokens_total";
 pub const FORCED_TOKENS: &str = "abserve_forced_tokens_total";
 pub const CONSTRAINED_SEQUENCES: &str = "abserve_constrained_sequences_running";
+pub const MATCHER_BYTES: &str = "abserve_grammar_matcher_bytes";
 pub const PREFIX_STORE_BYTES: &str = "abserve_prefix_store_bytes";
 pub const PREFIX_STORE_ENTRIES: &str = "abserve_prefix_store_entries";
 

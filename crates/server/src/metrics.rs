@@ -456,6 +456,7 @@ struct GrammarMetrics {
     constrained_tokens: IntCounter,
     forced_tokens: IntCounter,
     running: IntGauge,
+    matcher_bytes: IntGauge,
 }
 
 impl GrammarMetrics {
@@ -470,6 +471,7 @@ impl GrammarMetrics {
             constrained_tokens: reg.counter(names::CONSTRAINED_TOKENS, "Tokens generated under a grammar (sampled or forced)")?,
             forced_tokens: reg.counter(names::FORCED_TOKENS, "Tokens a grammar forced and that were appended without sampling (fast-forward)")?,
             running: reg.gauge(names::CONSTRAINED_SEQUENCES, "Constrained sequences running (each holds one grammar matcher)")?,
+            matcher_bytes: reg.gauge(names::MATCHER_BYTES, "Bytes of the running matchers' lexer tables (llguidance's estimate; bounded by the lexer-state limit)")?,
         })
     }
 
@@ -488,5 +490,6 @@ impl GrammarMetrics {
         bump(&self.constrained_tokens, s.constrained_tokens);
         bump(&self.forced_tokens, s.forced_tokens);
         self.running.set(s.constrained_running as i64);
+        self.matcher_bytes.set(s.matcher_bytes as i64);
     }
 }

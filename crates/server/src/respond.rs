@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_engine::prepare::Prepared;
-use abserve_engine::tools::ToolUse;
 use abserve_engine::{Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
     ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
@@ -24,6 +23,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::tool_calls::Streamed;
 use crate::valid::{expose, Kind, Routed, ValidRequest};
 
 impl Kind {
@@ -224,10 +224,9 @@ struct Chunker {
     kind: Kind,
     want_lp: bool,
     state: Arc<AppState>,
-    /// Per choice: its tools, when the answer is read for calls (then its text and
-    /// log-probabilities are held until it finishes: `tool_calls.rs`).
-    tools: Arc<Vec<Option<ToolUse>>>,
-    held: Arc<Mutex<Vec<(String, Vec<TokenLogprob>)>>>,
+    /// Per choice with tools, its calls as they are written (`tool_calls.rs`) and its
+    /// log-probabilities, held until it finishes.
+    tools: Arc<Mutex<Vec<Option<(Streamed, Vec<TokenLogprob>)>>>>,
 }
 
 /// What a chunker turns an engine event into.
@@ -268,9 +267,11 @@ impl Chunker {
 
     /// The chunk an engine event of choice `i` becomes (none for admission and empty tokens).
     fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
-        if let Some(tools) = &self.tools[i] {
-            return self.tool_piece(i, tools, ev);
+        let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((calls, lps)) = &mut tools[i] {
+            return self.tool_piece(calls, lps, ev);
         }
+        drop(tools);
         match ev {
             Event::Token { text, logprob, .. } => {
                 if text.is_empty() && logprob.is_none() {
@@ -295,26 +296,27 @@ impl Chunker {
         }
     }
 
-    /// A choice with tools: text held until it finishes, then its content or calls.
-    fn tool_piece(&self, i: usize, tools: &ToolUse, ev: Event) -> Option<Piece> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+    /// A choice with tools: its calls as they are written, its content when it finishes.
+    fn tool_piece(
+        &self,
+        calls: &mut Streamed,
+        lps: &mut Vec<TokenLogprob>,
+        ev: Event,
+    ) -> Option<Piece> {
         match ev {
             Event::Token { text, logprob, .. } => {
-                held[i].0.push_str(&text);
-                held[i].1.extend(logprob);
-                None
+                lps.extend(logprob);
+                let choices = calls.push(&text);
+                (!choices.is_empty()).then(|| Piece::Chunk(self.chunk(choices)))
             }
             Event::Done(d) => {
                 observe(&self.state, &d);
-                let (mut text, lps) = std::mem::take(&mut held[i]);
-                text.push_str(&d.tail_text);
-                let choices =
-                    crate::tool_calls::chunks(tools, i as u32, &text, d.finish_reason.as_str());
+                let choices = calls.finish(&d.tail_text, d.finish_reason.as_str());
                 let mut chunks: Vec<Chunk> =
                     choices.into_iter().map(|c| self.chunk(vec![c])).collect();
                 if self.want_lp {
                     if let Some(c) = chunks.first_mut().and_then(|c| c.choices.first_mut()) {
-                        c.logprobs = Some(logprobs(&self.state, self.kind, &lps));
+                        c.logprobs = Some(logprobs(&self.state, self.kind, lps));
                     }
                 }
                 Some(Piece::Last(chunks, d))
@@ -392,8 +394,16 @@ pub(crate) fn stream_response(
         kind: req.kind,
         want_lp: req.logprobs(),
         state: state.clone(),
-        tools: Arc::new(req.seqs.iter().map(|p| p.tools.clone()).collect()),
-        held: Arc::new(Mutex::new(vec![Default::default(); req.seqs.len()])),
+        tools: Arc::new(Mutex::new(
+            req.seqs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match (req.kind, &p.tools) {
+                    (Kind::Chat, Some(t)) => Some((Streamed::new(t, i as u32), Vec::new())),
+                    _ => None,
+                })
+                .collect(),
+        )),
     };
     // role chunks first (chat only)
     let head = role_chunks(&chunker, rxs.len());

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{Matcher, ParserFactory, TokenParser};
 use toktrie::{SimpleVob, TokEnv};
 
 use crate::invalid::PrepareError;
@@ -125,7 +125,10 @@ impl Grammars {
             GrammarStats::add(&self.stats.rejections, 1);
             PrepareError::new(field, message)
         };
-        let mut matcher = Matcher::new(self.factory.create_parser(top));
+        let parser = self.factory.create_parser(top);
+        // a shallow copy shares the lexer's tables, so it can report their size as they grow
+        let tables = parser.as_ref().ok().map(|p| Box::new(p.clone()));
+        let mut matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
             return Err(refuse(format!(
                 "the {} does not compile: {e}",
@@ -156,6 +159,7 @@ impl Grammars {
         }
         Ok(Constraint {
             matcher,
+            tables,
             kind: grammar.kind(),
             failed: None,
         })
@@ -237,6 +241,9 @@ pub fn with_json_options(mut schema: serde_json::Value) -> serde_json::Value {
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
+    /// A copy of the fresh parser sharing the matcher's lexer (never advanced): reads the size
+    /// of the lexer's tables, the part of a matcher that grows while it runs.
+    tables: Option<Box<TokenParser>>,
     kind: &'static str,
     /// Why the matcher failed mid-generation (a per-step limit).
     failed: Option<String>,
@@ -290,6 +297,15 @@ impl Constraint {
     /// The answer so far is a complete match (the grammar may end here).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// The matcher's lexer tables in bytes (llguidance's own estimate): the part of a matcher
+    /// that grows with what it has seen, bounded by the lexer-state limit ([`limits`]). The
+    /// Earley rows are bounded by `max_items_in_row` per lexeme and are not counted here.
+    pub fn bytes(&self) -> u64 {
+        self.tables
+            .as_ref()
+            .map_or(0, |t| t.parser.lexer_stats().num_bytes as u64)
     }
 
     /// Why the grammar failed during generation, if it did.

@@ -222,3 +222,25 @@ fn listed_objects_are_closed_unless_the_schema_says_otherwise() {
     close_objects(&mut all);
     assert_eq!(all, before, "allOf is left as written");
 }
+
+#[test]
+fn a_matcher_counts_its_lexer_tables_and_they_grow_with_what_it_sees() {
+    let g = grammars();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": "^[a-z]+[0-9]*$"},
+                       "age": {"type": "integer"}},
+        "required": ["name", "age"]
+    });
+    let mut c = g
+        .compile(&Grammar::JsonSchema(schema), "response_format")
+        .unwrap();
+    let fresh = c.bytes();
+    assert!(fresh > 0, "a compiled matcher holds lexer tables");
+    walk(&mut c, false);
+    assert!(
+        c.bytes() > fresh,
+        "the lexer's tables grew as states were explored: {fresh} -> {}",
+        c.bytes()
+    );
+}

@@ -287,10 +287,11 @@ impl Scheduler {
         self.stats
             .running
             .store(self.running.len() as u64, Ordering::Relaxed);
-        let constrained = self.running.iter().filter(|a| a.seq.constraint.is_some());
-        self.stats
-            .constrained_running
-            .store(constrained.count() as u64, Ordering::Relaxed);
+        let grammars = self
+            .running
+            .iter()
+            .filter_map(|a| a.seq.constraint.as_ref());
+        self.stats.matchers(grammars);
         self.stats
             .waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);
@@ -347,10 +348,9 @@ impl Scheduler {
         true
     }
 
-    /// Builds one batch and decodes it; when llama.cpp finds no KV room for it, cached prefixes
-    /// go first, then the newest sequence is preempted and the batch built again. `Err(ran)`:
-    /// nothing was decoded, and `ran` says whether the step still did something (a batch that
-    /// failed and whose sequences were told so).
+    /// Builds one batch and decodes it; without KV room for it, cached prefixes go first, then
+    /// the newest sequence is preempted and the batch built again. `Err(ran)`: nothing decoded;
+    /// `ran`: the step still did something (a batch failed and its sequences were told so).
     fn decode_batch<C: Compute>(&mut self, be: &mut C) -> Result<Vec<batch::Planned>, bool> {
         loop {
             let plan = self.build_batch(be);

@@ -56,11 +56,23 @@ pub struct EngineStats {
     pub(crate) forced_tokens: AtomicU64,
     /// Constrained sequences running now (each holds one matcher).
     pub(crate) constrained_running: AtomicU64,
+    /// Bytes of those matchers' lexer tables (`Constraint::bytes`).
+    pub(crate) matcher_bytes: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 impl EngineStats {
+    /// The running sequences' grammar matchers: how many, and their lexer tables' bytes.
+    pub(crate) fn matchers<'a>(
+        &self,
+        running: impl Iterator<Item = &'a crate::grammar::Constraint>,
+    ) {
+        let (count, bytes) = running.fold((0, 0), |(n, b), c| (n + 1, b + c.bytes()));
+        self.constrained_running.store(count, Ordering::Relaxed);
+        self.matcher_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
@@ -93,6 +105,7 @@ impl EngineStats {
             constrained_tokens: l(&self.constrained_tokens),
             forced_tokens: l(&self.forced_tokens),
             constrained_running: l(&self.constrained_running),
+            matcher_bytes: l(&self.matcher_bytes),
         }
     }
 
@@ -154,4 +167,5 @@ pub struct StatsSnapshot {
     pub constrained_tokens: u64,
     pub forced_tokens: u64,
     pub constrained_running: u64,
+    pub matcher_bytes: u64,
 }

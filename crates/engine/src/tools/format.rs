@@ -1,6 +1,8 @@
 //! Reading tool calls out of an answer's text, per format (see the module doc of `tools`).
 //! Text that holds no well-formed call stays the answer's content.
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::ToolFormat;
@@ -19,24 +21,53 @@ pub struct ParsedOutput {
     pub calls: Vec<ParsedCall>,
 }
 
-fn call(v: &Value, args: &[&str]) -> Option<ParsedCall> {
-    let name = v.get("name")?.as_str()?.to_string();
-    let a = args.iter().find_map(|k| v.get(*k));
-    let arguments = match a {
-        None => "{}".to_string(),
-        // some models write the arguments as JSON text already
-        Some(Value::String(s)) if serde_json::from_str::<Value>(s).is_ok() => s.clone(),
-        Some(v) => v.to_string(),
-    };
-    Some(ParsedCall { name, arguments })
+/// A call as written: its name and its arguments' own text (a JSON object, or JSON text in a
+/// string as some models write it), kept as written so that streamed pieces join into it.
+#[derive(Deserialize)]
+struct RawCall<'a> {
+    name: String,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    parameters: Option<&'a RawValue>,
 }
 
-fn calls(v: &Value, args: &[&str]) -> Option<Vec<ParsedCall>> {
-    match v {
-        Value::Array(items) => items.iter().map(|i| call(i, args)).collect(),
-        Value::Object(_) => call(v, args).map(|c| vec![c]),
-        _ => None,
+impl RawCall<'_> {
+    fn parsed(self) -> ParsedCall {
+        let arguments = match self.arguments.or(self.parameters).map(RawValue::get) {
+            None => "{}".to_string(),
+            Some(a) => match serde_json::from_str::<String>(a) {
+                // some models write the arguments as JSON text already
+                Ok(s) if serde_json::from_str::<Value>(&s).is_ok() => s,
+                _ => a.to_string(),
+            },
+        };
+        ParsedCall {
+            name: self.name,
+            arguments,
+        }
     }
+}
+
+/// One call (an object) or several (an array) in `text`.
+fn calls(text: &str) -> Option<Vec<ParsedCall>> {
+    let t = text.trim();
+    if t.starts_with('[') {
+        let all: Vec<RawCall> = serde_json::from_str(t).ok()?;
+        Some(all.into_iter().map(RawCall::parsed).collect())
+    } else {
+        let one: RawCall = serde_json::from_str(t).ok()?;
+        Some(vec![one.parsed()])
+    }
+}
+
+/// The generic format's answer: calls, or a direct response.
+#[derive(Deserialize)]
+struct Generic<'a> {
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(default)]
+    response: Option<Value>,
 }
 
 fn text(s: &str) -> Option<String> {
@@ -52,18 +83,18 @@ pub fn parse(format: ToolFormat, answer: &str) -> ParsedOutput {
     };
     match format {
         ToolFormat::Generic => {
-            let Ok(v) = serde_json::from_str::<Value>(answer.trim()) else {
+            let Ok(v) = serde_json::from_str::<Generic>(answer.trim()) else {
                 return whole();
             };
-            if let Some(c) = v.get("tool_calls").and_then(|t| calls(t, &["arguments"])) {
+            if let Some(c) = v.tool_calls.and_then(|t| calls(t.get())) {
                 return ParsedOutput {
                     content: None,
                     calls: c,
                 };
             }
-            match v.get("response") {
+            match v.response {
                 Some(Value::String(s)) => ParsedOutput {
-                    content: Some(s.clone()),
+                    content: Some(s),
                     calls: vec![],
                 },
                 Some(other) => ParsedOutput {
@@ -82,11 +113,8 @@ pub fn parse(format: ToolFormat, answer: &str) -> ParsedOutput {
                     break;
                 };
                 let body = &s[start + "<tool_call>".len()..start + len];
-                match serde_json::from_str::<Value>(body.trim())
-                    .ok()
-                    .and_then(|v| call(&v, &["arguments", "parameters"]))
-                {
-                    Some(c) => out.calls.push(c),
+                match calls(body).filter(|c| c.len() == 1) {
+                    Some(c) => out.calls.extend(c),
                     None => return whole(),
                 }
                 rest.push_str(&s[..start]);
@@ -103,10 +131,7 @@ pub fn parse(format: ToolFormat, answer: &str) -> ParsedOutput {
             if !(t.starts_with('{') || t.starts_with('[')) {
                 return whole();
             }
-            match serde_json::from_str::<Value>(t)
-                .ok()
-                .and_then(|v| calls(&v, &["arguments", "parameters"]))
-            {
+            match calls(t) {
                 Some(c) if !c.is_empty() => ParsedOutput {
                     content: None,
                     calls: c,

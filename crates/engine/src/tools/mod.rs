@@ -19,6 +19,7 @@
 //! no tools and parses nothing.
 
 mod format;
+mod stream;
 
 use abserve_protocol::{Tool, ToolChoice};
 use serde_json::{json, Value};
@@ -27,6 +28,7 @@ use crate::grammar::{close_objects, with_json_options, Grammar};
 use crate::invalid::PrepareError;
 
 pub use format::{parse, ParsedCall, ParsedOutput};
+pub use stream::{CallDelta, CallStream};
 
 /// How a model writes tool calls (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

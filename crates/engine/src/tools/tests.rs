@@ -158,7 +158,7 @@ fn each_format_parses_its_calls_and_keeps_other_text_as_content() {
     assert_eq!(p.calls.len(), 2);
     assert_eq!(
         (p.calls[0].arguments.as_str(), p.content),
-        ("{\"x\":1}", None)
+        ("{\"x\": 1}", None)
     );
     let p = parse(ToolFormat::Generic, r#"{"response": "hello"}"#);
     assert_eq!((p.content.as_deref(), p.calls.len()), (Some("hello"), 0));
@@ -176,7 +176,7 @@ fn each_format_parses_its_calls_and_keeps_other_text_as_content() {
     );
     assert_eq!(
         (p.calls[0].name.as_str(), p.calls[0].arguments.as_str()),
-        ("a", "{\"x\":2}")
+        ("a", "{\"x\": 2}")
     );
     let p = parse(
         ToolFormat::Mistral,
