@@ -114,6 +114,8 @@ impl EngineThread {
                 let mut compute = LlamaCompute {
                     model: &self.model,
                     ctx,
+                    loras: Default::default(),
+                    applied: Default::default(),
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
                 if let Some(o) = self.observer {

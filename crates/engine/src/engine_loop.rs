@@ -187,6 +187,9 @@ impl<C: Compute> Compute for PanicAt<C> {
     fn is_eog(&self, token: i32) -> bool {
         self.inner.is_eog(token)
     }
+    fn set_adapters(&mut self, set: &crate::adapters::AdapterSet) -> Result<(), String> {
+        self.inner.set_adapters(set)
+    }
 }
 
 /// A request the loop was handed, for tests.

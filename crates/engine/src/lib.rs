@@ -15,6 +15,7 @@
 //!   process and `abserve worker` run them;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
+pub mod adapters;
 pub mod call;
 mod chat;
 mod collect;

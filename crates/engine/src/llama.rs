@@ -5,9 +5,11 @@
 //! read-only and shared through an `Arc` so that request validation (tokenizing, chat
 //! templates) happens on the caller's thread without touching the context.
 
-use std::ffi::CStr;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::num::NonZeroU32;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
@@ -15,9 +17,10 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::{LlamaLoraAdapter, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
+use crate::adapters::AdapterSet;
 use crate::grammar::{TokenBytes, Vocab};
 use crate::plan::{KvType, MemoryPlan};
 use crate::scheduler::{Compute, Snapshot};
@@ -233,6 +236,38 @@ impl Model {
         }
     }
 
+    /// Loads the LoRA adapter at `path` onto the model (llama.cpp keeps it until the model is
+    /// freed). The safe crate's loader takes `&mut LlamaModel`, which the shared model cannot
+    /// give while its context lives, so this calls the sys binding; only the engine thread
+    /// loads adapters, between decodes.
+    pub(crate) fn load_lora(&self, path: &Path) -> Result<LlamaLoraAdapter, String> {
+        let c = path
+            .to_str()
+            .and_then(|p| CString::new(p).ok())
+            .ok_or_else(|| format!("{}: not a usable path", path.display()))?;
+        // SAFETY: `LlamaModel` is #[repr(transparent)] over llama-cpp-2's `Ptr<llama_model>`,
+        // itself #[repr(transparent)] over `NonNull<llama_model>`, so reading it as a pointer
+        // gives the model llama.cpp allocated, alive as long as `self`.
+        let model = unsafe {
+            *(&self.inner as *const LlamaModel).cast::<*mut llama_cpp_sys_2::llama_model>()
+        };
+        // SAFETY: `model` is a live model and `c` a NUL-terminated path that outlives the call;
+        // llama.cpp reads the file and the model's tensor table and registers the adapter with
+        // the model. Nothing else touches the model's adapters meanwhile: only the engine thread
+        // loads or applies them, and other threads only read the vocabulary.
+        let raw = unsafe { llama_cpp_sys_2::llama_adapter_lora_init(model, c.as_ptr()) };
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| format!("llama.cpp could not load the adapter {}", path.display()))?;
+        // SAFETY: `LlamaLoraAdapter` is #[repr(transparent)] over `Ptr<llama_adapter_lora>`,
+        // #[repr(transparent)] over `NonNull<llama_adapter_lora>`: the same value the safe
+        // crate's own loader wraps; the model owns and frees the adapter, as there.
+        Ok(unsafe {
+            std::mem::transmute::<NonNull<llama_cpp_sys_2::llama_adapter_lora>, LlamaLoraAdapter>(
+                ptr,
+            )
+        })
+    }
+
     pub fn is_eog(&self, token: i32) -> bool {
         self.inner.vocab().is_eog(LlamaToken(token))
     }
@@ -399,6 +434,42 @@ impl<'m> Context<'m> {
 pub(crate) struct LlamaCompute<'m> {
     pub model: &'m Model,
     pub ctx: Context<'m>,
+    /// LoRA adapters loaded on the model, by path (llama.cpp frees them with the model).
+    pub loras: HashMap<PathBuf, LlamaLoraAdapter>,
+    /// The set applied to the context now.
+    pub applied: AdapterSet,
+}
+
+impl LlamaCompute<'_> {
+    fn apply(&mut self, set: &AdapterSet) -> Result<(), String> {
+        let mut items = set.iter();
+        let Some((path, scale)) = items.next() else {
+            // the base model: clear whatever is applied (the setter's argument is unused)
+            let Some(any) = self.loras.values_mut().next() else {
+                return Ok(());
+            };
+            return self
+                .ctx
+                .ctx
+                .lora_adapter_remove(any)
+                .map_err(|e| e.to_string());
+        };
+        if items.next().is_some() {
+            return Err(format!(
+                "{}: one adapter per context with llama-cpp-2",
+                set.label()
+            ));
+        }
+        if !self.loras.contains_key(path) {
+            let a = self.model.load_lora(path)?;
+            self.loras.insert(path.to_path_buf(), a);
+        }
+        let adapter = self.loras.get_mut(path).expect("inserted above");
+        self.ctx
+            .ctx
+            .lora_adapter_set(adapter, scale)
+            .map_err(|e| e.to_string())
+    }
 }
 
 impl Compute for LlamaCompute<'_> {
@@ -442,5 +513,13 @@ impl Compute for LlamaCompute<'_> {
     }
     fn is_eog(&self, token: i32) -> bool {
         self.model.is_eog(token)
+    }
+    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), String> {
+        if *set == self.applied {
+            return Ok(());
+        }
+        self.apply(set)?;
+        self.applied = set.clone();
+        Ok(())
     }
 }

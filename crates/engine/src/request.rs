@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::adapters::AdapterSet;
 use crate::grammar::Constraint;
 use crate::sampler::{SamplingParams, TokenLogprob};
 
@@ -21,6 +22,9 @@ pub struct Request {
     pub kv_share: Option<f64>,
     /// The grammar the answer must match (compiled by the preparation stage), if any.
     pub constraint: Option<Constraint>,
+    /// The LoRA adapters it runs under (empty: the base model), admitted into the plan's
+    /// adapter reservation by the preparation stage.
+    pub adapters: AdapterSet,
 }
 
 impl Request {
@@ -32,6 +36,7 @@ impl Request {
             priority: false,
             kv_share: None,
             constraint: None,
+            adapters: AdapterSet::default(),
         }
     }
 }

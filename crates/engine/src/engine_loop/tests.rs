@@ -36,6 +36,9 @@ impl Compute for Idle {
     fn is_eog(&self, _: i32) -> bool {
         false
     }
+    fn set_adapters(&mut self, _: &crate::adapters::AdapterSet) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[test]

@@ -110,6 +110,7 @@ impl Scheduler {
     pub(super) fn find_source(
         &self,
         tokens: &[i32],
+        set: u32,
         own_tail: usize,
         use_cache: bool,
     ) -> Option<(Source, usize)> {
@@ -125,24 +126,29 @@ impl Scheduler {
         let cached = self
             .cache
             .iter()
-            .filter(|_| use_cache)
+            .filter(|c| use_cache && c.set == set)
             .map(|c| (Source::Cached { id: c.id }, &c.tokens, None));
         let stored = self
             .store
             .entries
             .iter()
-            .filter(|_| use_cache)
+            .filter(|e| use_cache && e.set == set)
             .map(|e| (Source::Stored { id: e.id }, &e.tokens, None));
-        let running = self.running.iter().map(|r| {
-            (
-                Source::Running {
-                    id: r.seq.id,
-                    ready: false,
-                },
-                &r.seq.tokens,
-                Some(r.n_past),
-            )
-        });
+        // KV is reused only under the adapter set that computed it
+        let running = self
+            .running
+            .iter()
+            .filter(|r| r.seq.adapters == set)
+            .map(|r| {
+                (
+                    Source::Running {
+                        id: r.seq.id,
+                        ready: false,
+                    },
+                    &r.seq.tokens,
+                    Some(r.n_past),
+                )
+            });
         let mut best: Option<(Source, usize)> = None;
         for (mut source, held, n_past) in cached.chain(stored).chain(running) {
             let Some(l) = usable(common_prefix(held, tokens)) else {
@@ -188,7 +194,7 @@ impl Scheduler {
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
                 // a preempted sequence may take back what it computed before from anywhere
-                self.find_source(&cand.tokens, cand.own_tail(), true)
+                self.find_source(&cand.tokens, cand.adapters, cand.own_tail(), true)
             } else {
                 // no cache: the prompt is computed whole (bit-identical logits for a seed)
                 None
@@ -300,7 +306,7 @@ impl Scheduler {
             };
             let cand = &self.waiting[i];
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
-                self.find_source(&cand.tokens, cand.own_tail(), true)
+                self.find_source(&cand.tokens, cand.adapters, cand.own_tail(), true)
             } else {
                 None
             };
@@ -538,7 +544,7 @@ impl Scheduler {
         self.store
             .entries
             .iter()
-            .any(|e| e.tokens.starts_with(&c.tokens))
+            .any(|e| e.set == c.set && e.tokens.starts_with(&c.tokens))
             || self.unique_positions(i) == 0
     }
 }

@@ -29,13 +29,14 @@ pub(super) struct Planned {
 }
 
 impl Scheduler {
-    pub(super) fn build_batch<C: Compute>(&mut self, be: &mut C) -> Vec<Planned> {
+    /// The batch of adapter set `set`'s running sequences.
+    pub(super) fn build_batch<C: Compute>(&mut self, be: &mut C, set: u32) -> Vec<Planned> {
         be.clear_batch();
         let mut cap = be.batch_capacity();
         let mut plan = Vec::new();
         for phase in [Phase::Decoding, Phase::Prefilling] {
             for (idx, a) in self.running.iter().enumerate() {
-                if a.phase() != phase || cap == 0 {
+                if a.phase() != phase || a.seq.adapters != set || cap == 0 {
                     continue;
                 }
                 let n = a.pending().min(cap);

@@ -92,6 +92,8 @@ impl SlotPool {
 pub(super) struct Cached {
     pub id: u64,
     pub slot: i32,
+    /// The adapter set that computed the KV (the scheduler's id for it; 0: the base model).
+    pub set: u32,
     /// Tokens whose KV the cells hold, position by position.
     pub tokens: Vec<i32>,
     pub cells: Vec<u32>,
@@ -108,6 +110,8 @@ pub(super) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 /// the memory plan), least recently used first out.
 pub(super) struct Stored {
     pub id: u64,
+    /// The adapter set that computed the KV.
+    pub set: u32,
     pub tokens: Vec<i32>,
     pub snap: super::Snapshot,
     pub bytes: usize,
@@ -132,10 +136,11 @@ impl PrefixStore {
     pub fn enabled(&self) -> bool {
         self.cap > 0
     }
-    /// Longest common prefix any entry has with `tokens`.
-    pub fn best_common(&self, tokens: &[i32]) -> usize {
+    /// Longest common prefix any entry computed under adapter set `set` has with `tokens`.
+    pub fn best_common(&self, set: u32, tokens: &[i32]) -> usize {
         self.entries
             .iter()
+            .filter(|e| e.set == set)
             .map(|e| common_prefix(&e.tokens, tokens))
             .max()
             .unwrap_or(0)
@@ -146,7 +151,8 @@ impl PrefixStore {
         if e.bytes > self.cap {
             return;
         }
-        self.entries.retain(|o| !e.tokens.starts_with(&o.tokens));
+        self.entries
+            .retain(|o| !(o.set == e.set && e.tokens.starts_with(&o.tokens)));
         self.bytes = self.entries.iter().map(|o| o.bytes).sum();
         while self.bytes + e.bytes > self.cap {
             let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else {

@@ -2,7 +2,8 @@
 //!
 //! Every step: drop cancelled sequences, admit waiting ones (see `admission.rs`), make room by
 //! preemption if running sequences outgrow a unified cache, then build ONE batch with a token for
-//! every decoding sequence plus prefill chunks, decode it, and sample (`batch.rs`).
+//! every decoding sequence plus prefill chunks, decode it, and sample (`batch.rs`) — one such
+//! batch per LoRA adapter set among the running sequences (`step.rs`).
 //!
 //! KV accounting is exact and independent of llama.cpp (`kv.rs`): every position of every
 //! sequence names the cell that holds it. With split streams (the default) every slot owns a
@@ -14,7 +15,7 @@
 //! sequence's cached slot (in place, no copy) or from a running sequence (copied), and computes
 //! only the rest. A request whose best prefix is still being computed by another waits for it
 //! instead of computing it again (SGLang's in-batch rule), so concurrent requests of one variant
-//! compute its system prompt once.
+//! compute its system prompt once. KV is reused only under the adapter set that computed it.
 
 mod abort;
 mod admission;
@@ -24,6 +25,7 @@ mod kv;
 mod sample;
 mod seq;
 mod stats;
+mod step;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,7 +34,8 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::request::{EventSender, GenerationError, Request};
+use crate::adapters::AdapterSet;
+use crate::request::{EventSender, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
@@ -60,6 +63,8 @@ pub trait Compute {
     fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool;
     fn piece(&self, token: i32) -> Vec<u8>;
     fn is_eog(&self, token: i32) -> bool;
+    /// Applies `set`'s LoRA adapters to the decodes that follow (the empty set: the base model).
+    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), String>;
 }
 
 #[derive(Debug, Clone)]
@@ -148,6 +153,8 @@ pub struct Scheduler {
     pinned: Vec<i32>,
     /// Group submissions so far (the last gang id).
     gangs: u64,
+    /// Adapter sets seen, by id (`step.rs`); 0 is the base model.
+    sets: Vec<AdapterSet>,
 }
 
 impl Scheduler {
@@ -177,6 +184,7 @@ impl Scheduler {
             steps: itl::StepModel::default(),
             pinned: Vec::new(),
             gangs: 0,
+            sets: vec![AdapterSet::default()],
         }
     }
 
@@ -230,6 +238,7 @@ impl Scheduler {
     pub fn enqueue(&mut self, req: Request, tx: EventSender) {
         let n_prompt = req.prompt.len();
         let limit = (n_prompt + req.params.max_tokens as usize).min(self.cfg.context);
+        let adapters = self.intern(req.adapters);
         let seq = Seq {
             id: self.next_id,
             tokens: req.prompt,
@@ -250,6 +259,7 @@ impl Scheduler {
             constraint: req.constraint,
             unemitted: 0,
             forced: 0,
+            adapters,
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);
@@ -297,101 +307,6 @@ impl Scheduler {
             .store(self.waiting.len() as u64, Ordering::Relaxed);
     }
 
-    /// One iteration. Returns false when there was nothing to run.
-    pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
-        let t0 = Instant::now();
-        self.reap_cancelled(be);
-        self.admit(be);
-        let t_admit = t0.elapsed();
-        if self.running.is_empty() {
-            self.publish();
-            return false;
-        }
-        self.ensure_room(be);
-        let plan = match self.decode_batch(be) {
-            Ok(plan) => plan,
-            Err(ran) => {
-                self.publish();
-                return ran;
-            }
-        };
-        let decode_only = plan.iter().all(|p| p.n == 1);
-        let t_decode = t0.elapsed();
-        // the step log's figures cost a sort per step: only when it is on
-        let runs = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG)
-            .then(|| self.slot_runs(&plan));
-        self.after_decode(be, &plan);
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        let dt = t0.elapsed();
-        if decode_only {
-            self.steps.observe(plan.len(), dt);
-        }
-        self.stats
-            .last_step_micros
-            .store(dt.as_micros() as u64, Ordering::Relaxed);
-        if let Some(runs) = runs {
-            tracing::debug!(
-                target: "abserve_engine::step",
-                seqs = plan.len(),
-                tokens = plan.iter().map(|p| p.n).sum::<usize>(),
-                runs,
-                admit_ms = t_admit.as_secs_f64() * 1e3,
-                decode_ms = (t_decode - t_admit).as_secs_f64() * 1e3,
-                after_ms = (dt - t_decode).as_secs_f64() * 1e3,
-                "step"
-            );
-        }
-        if let Some(obs) = &self.observer {
-            obs(dt);
-        }
-        self.publish();
-        true
-    }
-
-    /// Builds one batch and decodes it; without KV room for it, cached prefixes go first, then
-    /// the newest sequence is preempted and the batch built again. `Err(ran)`: nothing decoded;
-    /// `ran`: the step still did something (a batch failed and its sequences were told so).
-    fn decode_batch<C: Compute>(&mut self, be: &mut C) -> Result<Vec<batch::Planned>, bool> {
-        loop {
-            let plan = self.build_batch(be);
-            if plan.is_empty() {
-                return Err(false);
-            }
-            let decoded = be.decode();
-            // llama.cpp applied pending stream copies at the start of that call
-            self.pinned.clear();
-            match decoded {
-                Ok(true) => return Ok(plan),
-                Ok(false) if self.evict_lru(be, None) => continue,
-                Ok(false) if !self.cfg.admission_control => {
-                    // what a server without a memory plan does: the batch fails
-                    self.fail_batch(be, &plan, GenerationError::OutOfMemory);
-                    return Err(true);
-                }
-                Ok(false) if self.running.len() <= 1 => {
-                    self.fail_batch(be, &plan, GenerationError::NoSlot);
-                    return Err(true);
-                }
-                Ok(false) => {
-                    tracing::debug!("no KV slot for the batch; preempting");
-                    self.preempt_newest(be);
-                }
-                Err(e) => {
-                    tracing::error!("llama_decode failed: {e}");
-                    self.fail_batch(be, &plan, GenerationError::Decode(e.to_string()));
-                    return Err(true);
-                }
-            }
-        }
-    }
-
-    /// How many runs of consecutive slots a batch's sequences form (the step log's `runs`).
-    fn slot_runs(&self, plan: &[batch::Planned]) -> usize {
-        let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
-        slots.sort_unstable();
-        slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
-    }
-
     fn reap_cancelled<C: Compute>(&mut self, be: &mut C) {
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.tx.is_closed());
@@ -432,7 +347,7 @@ impl Scheduler {
         while let Some(i) = self
             .cache
             .iter()
-            .position(|c| tokens.starts_with(&c.tokens))
+            .position(|c| c.set == a.seq.adapters && tokens.starts_with(&c.tokens))
         {
             let c = self.cache.swap_remove(i);
             self.drop_cached(be, c);
@@ -445,10 +360,11 @@ impl Scheduler {
             .shared_prompt_tokens
             .max(a.seq.n_prompt / 2)
             .max(self.cfg.min_shared_prefix);
-        if self.store.enabled() && self.store.best_common(&tokens) < covered {
+        if self.store.enabled() && self.store.best_common(a.seq.adapters, &tokens) < covered {
             if let Some((snap, bytes)) = be.save_seq(a.slot) {
                 self.store.insert(Stored {
                     id: a.seq.id,
+                    set: a.seq.adapters,
                     tokens: tokens.clone(),
                     snap,
                     bytes,
@@ -465,6 +381,7 @@ impl Scheduler {
         self.cache.push(Cached {
             id: a.seq.id,
             slot: a.slot,
+            set: a.seq.adapters,
             tokens,
             cells: a.cells,
             last_used: self.clock,
@@ -486,13 +403,14 @@ impl Scheduler {
             .cache
             .iter()
             .enumerate()
-            .filter(|&(j, _)| j != i)
+            .filter(|&(j, o)| j != i && o.set == c.set)
             .map(|(_, o)| kv::common_prefix(&o.tokens, &c.tokens))
             .max()
             .unwrap_or(0);
         let shared_running = self
             .running
             .iter()
+            .filter(|a| a.seq.adapters == c.set)
             .map(|a| kv::common_prefix(&a.seq.tokens[..a.n_past], &c.tokens))
             .max()
             .unwrap_or(0);

@@ -43,6 +43,8 @@ pub(super) struct Seq {
     pub unemitted: usize,
     /// Tokens the grammar forced so far.
     pub forced: usize,
+    /// The adapter set the sequence runs under (the scheduler's id for it; 0: the base model).
+    pub adapters: u32,
 }
 
 impl Seq {

@@ -16,6 +16,7 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
                 priority: false,
                 kv_share: None,
                 constraint: None,
+                adapters: Default::default(),
             };
             ((req, tx), rx)
         })

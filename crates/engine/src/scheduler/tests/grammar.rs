@@ -49,6 +49,7 @@ fn submit_constrained(
     s.enqueue_counted(
         Request {
             constraint: Some(c),
+            adapters: Default::default(),
             ..Request::new(prompt, params)
         },
         tx,

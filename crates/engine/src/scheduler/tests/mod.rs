@@ -5,6 +5,7 @@
 //! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions,
 //! `grammar.rs` constrained sequences (masks, forced tokens).
 
+mod adapters;
 mod gang;
 mod grammar;
 mod split;
@@ -55,6 +56,12 @@ struct Fake {
     eog: bool,
     /// Each token's text (`None`: `<id>`); the grammar tests use a JSON vocabulary.
     pieces: Option<Vec<Vec<u8>>>,
+    /// The adapter set applied (0: the base model, else a tag of its label): a position
+    /// computed under it holds `token ^ tag << 16`, so KV computed under another set changes
+    /// every later token, as a LoRA adapter changes the keys and values.
+    adapter: i32,
+    /// Adapter sets applied, in order (each change once).
+    applied: Vec<String>,
 }
 
 impl Fake {
@@ -74,6 +81,8 @@ impl Fake {
             pending: vec![],
             computed: HashMap::new(),
             pieces: None,
+            adapter: 0,
+            applied: vec![],
         }
     }
     fn split(slots: usize, per: usize) -> Self {
@@ -182,7 +191,7 @@ impl Compute for Fake {
         for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
             self.cells[taken[k]] = Some(FakeCell {
                 pos,
-                token,
+                token: token ^ (self.adapter << 16),
                 seqs: [seq].into(),
             });
         }
@@ -311,6 +320,26 @@ impl Compute for Fake {
     fn is_eog(&self, token: i32) -> bool {
         token == EOG
     }
+    fn set_adapters(&mut self, set: &crate::adapters::AdapterSet) -> Result<(), String> {
+        let tag = if set.is_base() {
+            0
+        } else {
+            1 + (next_token(
+                set.label()
+                    .as_bytes()
+                    .iter()
+                    .map(|&b| b as i32)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+                false,
+            ) % 100)
+        };
+        if tag != self.adapter {
+            self.adapter = tag;
+            self.applied.push(set.label());
+        }
+        Ok(())
+    }
 }
 
 fn submit(
@@ -328,6 +357,7 @@ fn submit(
             priority: false,
             kv_share: None,
             constraint: None,
+            adapters: Default::default(),
         },
         tx,
     );

@@ -90,6 +90,7 @@ fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
                 priority: false,
                 kv_share: None,
                 constraint: None,
+                adapters: Default::default(),
             },
             tx,
         );
@@ -266,6 +267,7 @@ fn eog_stops_and_stop_strings_cut() {
             priority: false,
             kv_share: None,
             constraint: None,
+            adapters: Default::default(),
         },
         tx,
     );
@@ -292,6 +294,7 @@ fn a_group_with_a_kv_share_never_holds_more_and_others_keep_running() {
                 priority: false,
                 kv_share: Some(0.25),
                 constraint: None,
+                adapters: Default::default(),
             },
             tx,
         );
