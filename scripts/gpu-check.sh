@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a GPU (CI never needs one): builds abserve with CUDA (or
-# Vulkan when there is no CUDA toolkit), lists the devices, prints the memory plan for the
-# default model and for the problem statement's hypothetical (82,208,358,400 bytes of weights on
-# a 96 GiB device), runs 8 concurrent prompt variants × 16 prompts with --assert-no-oom, prints
-# planned against actual device memory, and measures tokens/s against llama.cpp's own server on
-# the same GPU (xllamacpp, where a GPU build of it installs; else the peer is skipped).
+# Vulkan when there is no CUDA toolkit) unless given a bundle, then runs bench/gpu_check.py:
+# devices and plans, planned against allocated device memory, 8 variants × 16 prompts at full
+# concurrency with --assert-no-oom and device use sampled, the prefix store on the device, and
+# tokens/s against llama.cpp's own server built for the same device (when the bundle has one).
 #
 #   bash scripts/gpu-check.sh            # output: gpu-check-out/
 #
@@ -42,40 +41,12 @@ PY
   [ -n "$cu" ] && libs=$libs:$cu
 fi
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-"$bin" devices | tee "$out/devices.txt"
-"$bin" plan --model "$model" --context 2048 | tee "$out/plan-default.txt"
-"$bin" plan --weights-bytes 82208358400 --layers 80 --kv-heads 8 --head-dim 128 \
-  --device-memory 96GiB --context 4096 | tee "$out/plan-hypothetical.txt"
-
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$bin" serve --model "$model" --port "$port" --context 2048 --max-sequences 16 >"$out/serve.out" 2>"$out/serve.log" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  grep -q "listening on" "$out/serve.out" 2>/dev/null && break
-  sleep 1
-done
-grep -E "device|memory measured" "$out/serve.log" | tee "$out/device-memory.txt"
-# 8 variants (distinct system prompts) × 16 prompts, all at once, no OOM allowed
-"$bin" loadtest --url "http://127.0.0.1:$port" --variants 8 --concurrency 8 --requests 128 \
-  --prompt-tokens 64 --max-tokens 64 --ignore-eos --stream --assert-no-oom --json >"$out/loadtest.json"
-python3 - "$out/loadtest.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-m = r.get("memory") or {}
-print(f"abserve: {r['generated_tokens_per_second']:.1f} generated tok/s over {r['sent']} requests; "
-      f"device peak used by abserve {m.get('peak_device_bytes')} B of budget {m.get('device_budget_bytes')} B; "
-      f"failures: {r.get('failures')}")
-PY
-curl -s "http://127.0.0.1:$port/ready" | python3 -m json.tool | tee "$out/ready.json"
-kill $pid; wait $pid || true
-trap - EXIT
-
-# the peer: llama.cpp's server with the same settings, when xllamacpp has a GPU build here
-python3 -m venv "$out/venv" && "$out/venv/bin/pip" install --quiet --retries 0 --timeout 10 "xllamacpp==2026.10.11549" || true
-if "$out/venv/bin/python" -c 'import xllamacpp' 2>/dev/null; then
-  ABSERVE_BIN="$bin" PEER_GPU_LAYERS=999 "$out/venv/bin/python" bench/ab_traffic.py --runs 1 --only ab8 | tee "$out/peer.txt" \
-    || echo "gpu-check: the peer comparison failed (is xllamacpp's build a GPU build?)" | tee "$out/peer.txt"
-else
-  echo "gpu-check: no GPU build of xllamacpp installs here; peer skipped" | tee "$out/peer.txt"
-fi
+# the peer: llama.cpp's own server for the same device (scripts/gpu-peer.sh; gpu-carry.sh builds
+# it there in the background, so the check waits for it before the peer's parts), and a LoRA
+# adapter made by scripts/test-lora.py
+peer=${ABSERVE_PEER:-target/gpu-peer/build/bin/llama-server}
+lora=${ABSERVE_LORA:-models/test/lora-r8-seed1.gguf}
+args=(--bin "$bin" --model "$model" --out "$out" --peer "$peer")
+[ -n "${ABSERVE_PEER_LOG:-}" ] && args+=(--peer-log "$ABSERVE_PEER_LOG")
+[ -f "$lora" ] && args+=(--lora "$lora")
+PYTHONUNBUFFERED=1 python3 bench/gpu_check.py "${args[@]}" ${GPU_CHECK_ARGS:-}

@@ -40,6 +40,9 @@ pub struct Variant {
     pub tools: Option<Vec<abserve_protocol::Tool>>,
     pub tool_choice: Option<abserve_protocol::ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
+    /// LoRA adapters of the shared model this variant generates with (GGUF LoRA files and
+    /// scales: `adapters = [{ path = "…", scale = 1.0 }]`).
+    pub adapters: Option<Vec<abserve_protocol::Adapter>>,
 }
 
 fn one() -> f64 {

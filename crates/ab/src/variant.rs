@@ -39,6 +39,7 @@ impl Variant {
             presence_penalty: f(self.presence_penalty),
             frequency_penalty: f(self.frequency_penalty),
             logit_bias: self.logit_bias.clone(),
+            adapters: self.adapters.clone(),
             ..Default::default()
         }
     }

@@ -76,6 +76,18 @@ pub struct ModelArgs {
     /// device of that size.
     #[arg(long, value_parser = parse_budget)]
     pub device_memory: Option<Budget>,
+    /// A LoRA adapter (GGUF LoRA file) to load at start, counted in the memory plan; requests
+    /// and variants name it in `adapters` (repeatable).
+    #[arg(long = "lora")]
+    pub lora: Vec<PathBuf>,
+    /// A folder of GGUF LoRA files that requests and variants may name (loaded on first use,
+    /// within --adapter-memory).
+    #[arg(long)]
+    pub adapter_dir: Option<PathBuf>,
+    /// Memory reserved in the plan for adapters loaded after start (from --adapter-dir):
+    /// bytes (`64MiB`) [default: 0].
+    #[arg(long, value_parser = abserve_engine::plan::parse_bytes, default_value = "0")]
+    pub adapter_memory: u64,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -126,6 +138,9 @@ impl ModelArgs {
         }
         c.gpu_layers = self.gpu_layers;
         c.device_budget = self.device_memory.unwrap_or(Budget::Fraction(1.0));
+        c.adapters = self.lora.clone();
+        c.adapter_dir = self.adapter_dir.clone();
+        c.adapter_memory = self.adapter_memory;
         if self.gpu_layers != Some(GpuLayers::Count(0)) {
             // none in a CPU build; the engine refuses --gpu-layers then (`plan` may add a
             // hypothetical device first)

@@ -59,6 +59,7 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
     };
     Ok(MemoryPlan::new(&PlanRequest {
         weights_bytes: w,
+        adapter_bytes: 0,
         shape,
         kv_type: cfg.kv_type,
         memory_total: cfg
@@ -125,6 +126,14 @@ fn host_rows(plan: &MemoryPlan, source: String) -> Vec<(&'static str, String)> {
                 "{} ({} B)",
                 human_bytes(plan.weights_bytes),
                 plan.weights_bytes
+            ),
+        ),
+        (
+            "adapters",
+            format!(
+                "{} ({} B; LoRA tensors, beside the weights)",
+                human_bytes(plan.adapter_bytes),
+                plan.adapter_bytes
             ),
         ),
         (

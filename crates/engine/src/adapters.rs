@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use abserve_protocol::Adapter;
+
 use crate::gguf::GgufHeader;
 use crate::invalid::PrepareError;
 use crate::plan::human_bytes;
@@ -95,6 +97,40 @@ impl AdapterSet {
     }
 }
 
+fn absolute(p: &Path) -> PathBuf {
+    p.canonicalize()
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The set a request's `adapters` name, resolved and admitted into the plan's reservation.
+pub fn adapter_set(
+    budget: Option<&AdapterBudget>,
+    adapters: Option<&[Adapter]>,
+) -> Result<AdapterSet, PrepareError> {
+    let adapters = adapters.unwrap_or_default();
+    if adapters.is_empty() {
+        return Ok(AdapterSet::default());
+    }
+    // every adapter named must be one of the server's, also at scale 0 (which is the base)
+    let Some(budget) = budget else {
+        return Err(PrepareError::new(
+            "adapters",
+            "this server has no LoRA adapters (start it with --lora or --adapter-dir)",
+        ));
+    };
+    let mut items = Vec::new();
+    for (i, a) in adapters.iter().enumerate() {
+        items.push((
+            budget.resolve(&a.path, &format!("adapters[{i}].path"))?,
+            a.scale,
+        ));
+    }
+    let set = AdapterSet::new(items, "adapters")?;
+    budget.admit(&set, "adapters")?;
+    Ok(set)
+}
+
 /// The plan's reservation for adapters and what was admitted into it.
 #[derive(Debug)]
 pub struct AdapterBudget {
@@ -104,17 +140,70 @@ pub struct AdapterBudget {
     arch: String,
     /// The model's tensor names: every adapter tensor must adapt one of them.
     tensors: Vec<String>,
+    /// Adapters loaded at start (`--lora`) and the folder others may come from
+    /// (`--adapter-dir`): nothing else may be named.
+    preloaded: Vec<PathBuf>,
+    dir: Option<PathBuf>,
     admitted: Mutex<BTreeMap<PathBuf, u64>>,
 }
 
 impl AdapterBudget {
-    pub fn new(reserved: u64, model: &GgufHeader) -> AdapterBudget {
-        AdapterBudget {
+    /// The plan's `reserved` bytes for adapters of `model`: the `preloaded` ones are admitted
+    /// first (an error if they do not fit or are not adapters of it), then requests may name
+    /// them or files under `dir`.
+    pub fn new(
+        reserved: u64,
+        model: &GgufHeader,
+        preloaded: &[PathBuf],
+        dir: Option<&Path>,
+    ) -> Result<AdapterBudget, PrepareError> {
+        let b = AdapterBudget {
             reserved,
             arch: model.architecture().unwrap_or_default().to_string(),
             tensors: model.tensors.iter().map(|t| t.name.clone()).collect(),
+            preloaded: preloaded.iter().map(|p| absolute(p)).collect(),
+            dir: dir.map(absolute),
             admitted: Mutex::new(BTreeMap::new()),
+        };
+        let all = preloaded.iter().map(|p| (absolute(p), 1.0));
+        // one at a time: a set holds at most MAX_ADAPTERS_PER_SET
+        for (i, a) in all.enumerate() {
+            b.admit(&AdapterSet::new([a], "--lora")?, &format!("--lora[{i}]"))?;
         }
+        Ok(b)
+    }
+
+    /// The adapter a request names, resolved: a path as given at start, or a file under the
+    /// adapter folder (relative paths are taken inside it); anything else is refused.
+    pub fn resolve(&self, path: &str, field: &str) -> Result<PathBuf, PrepareError> {
+        let given = Path::new(path);
+        if let Some(p) = self.preloaded.iter().find(|p| absolute(given) == **p) {
+            return Ok(p.clone());
+        }
+        if let Some(dir) = &self.dir {
+            let p = if given.is_absolute() {
+                given.to_path_buf()
+            } else {
+                dir.join(given)
+            };
+            if let Ok(real) = p.canonicalize() {
+                let root = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+                if real.starts_with(&root) && real.is_file() {
+                    return Ok(real);
+                }
+            }
+        }
+        Err(PrepareError::new(
+            field,
+            format!(
+                "'{path}' is not an adapter of this server: name one it was started with \
+                 (--lora) or a file under its --adapter-dir{}",
+                self.dir
+                    .as_ref()
+                    .map(|d| format!(" ({})", d.display()))
+                    .unwrap_or_default()
+            ),
+        ))
     }
 
     pub fn reserved(&self) -> u64 {

@@ -75,6 +75,13 @@ pub struct EngineConfig {
     /// The device budget: bytes, or a share of the device's free memory (default all of it,
     /// less the margin).
     pub device_budget: Budget,
+    /// LoRA adapters loaded at start (`--lora`): requests and variants may name them.
+    pub adapters: Vec<PathBuf>,
+    /// A folder whose GGUF LoRA files requests and variants may name (`--adapter-dir`).
+    pub adapter_dir: Option<PathBuf>,
+    /// Memory reserved in the plan for adapters beyond those loaded at start
+    /// (`--adapter-memory`; default 0).
+    pub adapter_memory: u64,
 }
 
 /// How many layers go to the device (`--gpu-layers N|all`).
@@ -134,6 +141,9 @@ impl EngineConfig {
             device: None,
             gpu_layers: None,
             device_budget: Budget::Fraction(1.0),
+            adapters: Vec::new(),
+            adapter_dir: None,
+            adapter_memory: 0,
         }
     }
 
@@ -185,8 +195,13 @@ impl EngineConfig {
     pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
         let header = GgufHeader::read(&self.model)?;
         let shape = ModelShape::from_header(&header)?;
+        let mut adapter_bytes = self.adapter_memory;
+        for a in &self.adapters {
+            adapter_bytes += GgufHeader::read(a)?.weights_bytes();
+        }
         let plan = MemoryPlan::new(&PlanRequest {
             weights_bytes: header.weights_bytes(),
+            adapter_bytes,
             shape,
             kv_type: self.kv_type,
             memory_total: self.memory_total.unwrap_or_else(available_memory),
@@ -224,6 +239,8 @@ pub enum EngineError {
     Llama(#[from] crate::llama::LlamaError),
     #[error("engine thread failed to start: {0}")]
     Thread(String),
+    #[error("adapter: {0}")]
+    Adapter(String),
     #[error("--context {context} is longer than the model's training context of {train} tokens")]
     ContextTooLong { context: u64, train: u64 },
 }

@@ -3,6 +3,7 @@
 //! [`Engine`] and talks to that thread through a channel (validation → queue → scheduler →
 //! llama.cpp, as TGI's router does).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -12,12 +13,15 @@ use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::adapters::AdapterBudget;
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
 use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
 use crate::grammar::Grammars;
-use crate::llama::{take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, Model};
+use crate::llama::{
+    take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, LlamaError, Model,
+};
 use crate::plan::{current_rss, human_bytes, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
@@ -78,6 +82,8 @@ pub struct Engine {
     failure: Arc<Mutex<Option<String>>>,
     /// The grammar compiler, built from the vocabulary at the first constrained request.
     grammars: std::sync::OnceLock<Result<Grammars, String>>,
+    /// The plan's adapter reservation (`None`: no adapter may be named).
+    adapters: Option<AdapterBudget>,
 }
 
 /// What the engine thread starts with: it creates the one llama.cpp context, says when it is
@@ -90,6 +96,8 @@ struct EngineThread {
     stats: Arc<EngineStats>,
     observer: Option<StepObserver>,
     failure: Arc<Mutex<Option<String>>>,
+    /// LoRA adapters to load before the first request (`--lora`), as the budget resolved them.
+    preload: Vec<PathBuf>,
 }
 
 impl EngineThread {
@@ -110,11 +118,21 @@ impl EngineThread {
                         return;
                     }
                 };
+                let mut loras = HashMap::new();
+                for p in &self.preload {
+                    match self.model.load_lora(p) {
+                        Ok(a) => loras.insert(p.clone(), a),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(LlamaError::Adapter(e)));
+                            return;
+                        }
+                    };
+                }
                 let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
                 let mut compute = LlamaCompute {
                     model: &self.model,
                     ctx,
-                    loras: Default::default(),
+                    loras,
                     applied: Default::default(),
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
@@ -137,6 +155,26 @@ impl EngineThread {
             .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
         Ok((thread, rss, llama))
     }
+}
+
+/// The plan's adapter reservation with the adapters loaded at start admitted into it (`None`
+/// when the server takes no adapters).
+fn adapter_budget(
+    cfg: &EngineConfig,
+    plan: &MemoryPlan,
+    header: &crate::gguf::GgufHeader,
+) -> Result<Option<AdapterBudget>, EngineError> {
+    if cfg.adapters.is_empty() && cfg.adapter_dir.is_none() {
+        return Ok(None);
+    }
+    AdapterBudget::new(
+        plan.adapter_bytes,
+        header,
+        &cfg.adapters,
+        cfg.adapter_dir.as_deref(),
+    )
+    .map(Some)
+    .map_err(|e| EngineError::Adapter(e.to_string()))
 }
 
 impl Engine {
@@ -163,6 +201,12 @@ impl Engine {
         for line in plan.summary_lines() {
             tracing::info!("{line}");
         }
+        // adapters are checked against the model and the plan before anything is loaded
+        let adapters = adapter_budget(&cfg, &plan, &header)?;
+        let preload = adapters
+            .as_ref()
+            .map(|a| a.admitted().into_iter().map(|(p, _)| p).collect())
+            .unwrap_or_default();
         let rss_before_load = current_rss();
         // a fake device (tests) plans and admits like a real one but loads nothing onto it
         let placement = cfg
@@ -188,6 +232,7 @@ impl Engine {
             stats: stats.clone(),
             observer,
             failure: failure.clone(),
+            preload,
         }
         .spawn(rx)?;
         let measured = MeasuredMemory {
@@ -210,6 +255,7 @@ impl Engine {
             device: cfg.device,
             failure,
             grammars: std::sync::OnceLock::new(),
+            adapters,
         })
     }
 
@@ -416,6 +462,9 @@ impl Tokenizer for Engine {
     }
     fn n_vocab(&self) -> usize {
         self.model.n_vocab()
+    }
+    fn adapters(&self) -> Option<&AdapterBudget> {
+        self.adapters.as_ref()
     }
     fn grammars(&self) -> Result<&Grammars, String> {
         self.grammars

@@ -87,6 +87,8 @@ pub fn backend() -> Result<&'static LlamaBackend, LlamaError> {
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct LlamaBuffers {
     pub model: u64,
+    /// LoRA adapters' tensors (`LoRA buffer`), loaded at start.
+    pub adapters: u64,
     pub kv: u64,
     pub compute: u64,
     pub output: u64,
@@ -119,7 +121,9 @@ pub fn take_buffer_log() -> LlamaBuffers {
         if on_device(l) {
             b.device += v;
         }
-        if l.contains("KV buffer") {
+        if l.contains("LoRA buffer") {
+            b.adapters += v;
+        } else if l.contains("KV buffer") {
             b.kv += v;
         } else if l.contains("compute buffer") {
             b.compute += v;
@@ -140,6 +144,8 @@ pub enum LlamaError {
     Load(String),
     #[error("llama.cpp could not create a context of {0} KV cells")]
     Context(u64),
+    #[error("{0}")]
+    Adapter(String),
 }
 
 /// The shared, read-only model: weights, vocabulary, chat template.

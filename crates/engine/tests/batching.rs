@@ -274,14 +274,10 @@ fn dropping_a_request_frees_its_cells_within_a_step() {
     };
     let submit = |p: &str| {
         engine
-            .submit(abserve_engine::Request {
-                prompt: engine.prompt_tokens(p),
-                params: params.clone(),
-                group: None,
-                priority: false,
-                kv_share: None,
-                constraint: None,
-            })
+            .submit(abserve_engine::Request::new(
+                engine.prompt_tokens(p),
+                params.clone(),
+            ))
             .unwrap()
     };
     let mut keep = submit("Write a long story about a lighthouse keeper.");

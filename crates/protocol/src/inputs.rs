@@ -88,6 +88,26 @@ pub struct Sampling {
     /// token's logit before sampling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// abserve's extension (llama.cpp's server has `lora`, by id): LoRA adapters of the model
+    /// to generate with, as GGUF LoRA files and scales. Only adapters the server was started
+    /// with (`--lora`) or files under its `--adapter-dir` may be named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<Vec<Adapter>>,
+}
+
+/// A LoRA adapter and its scale (`adapters = [{ path = "…", scale = 1.0 }]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Adapter {
+    /// The GGUF LoRA file.
+    pub path: String,
+    /// How much of the adapter to apply (default 1; 0 is the base model).
+    #[serde(default = "one")]
+    pub scale: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 impl Sampling {
@@ -108,6 +128,7 @@ impl Sampling {
             frequency_penalty: pick(&self.frequency_penalty, &over.frequency_penalty),
             repetition_penalty: pick(&self.repetition_penalty, &over.repetition_penalty),
             logit_bias: pick(&self.logit_bias, &over.logit_bias),
+            adapters: pick(&self.adapters, &over.adapters),
         }
     }
 }

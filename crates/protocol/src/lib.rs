@@ -28,7 +28,7 @@ pub mod names;
 pub mod wire;
 
 pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming};
-pub use inputs::{ChatMessage, Sampling};
+pub use inputs::{Adapter, ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};
 pub use sse::{SseDecoder, SseEvent};
 pub use structure::{

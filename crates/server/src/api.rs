@@ -247,6 +247,7 @@ async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, Ap
             priority: false,
             kv_share,
             constraint: p.constraint.take(),
+            adapters: p.adapters.clone(),
         })
         .collect();
     let what = match req.kind {

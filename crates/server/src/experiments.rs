@@ -398,6 +398,7 @@ fn fanout_requests(
             priority: false,
             kv_share: exp.max_kv_share,
             constraint: p.constraint,
+            adapters: p.adapters,
         };
         requests.push((r, p.tools));
     }

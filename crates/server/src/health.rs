@@ -49,6 +49,7 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         priority: true,
         kv_share: None,
         constraint: None,
+        adapters: Default::default(),
     };
     let rx = state
         .engine

@@ -8,6 +8,7 @@
 //! peers that would change the answer and that abserve does not implement (a 400 naming each);
 //! wrong types are a 400 saying what is wrong.
 
+use abserve_engine::adapters::adapter_set;
 use abserve_engine::prepare::{
     constraint, sampling_params, shape, unsupported_fields, Options, PrepareError, Tokenizer,
 };
@@ -70,5 +71,8 @@ pub fn variant(v: &abserve_ab::Variant, tok: &dyn Tokenizer, context: u64) -> Re
         .map_err(|e| at(PrepareError::new("template", e.message)))?;
     let shaped = shape(tok, Some(&probe), &v.structure()).map_err(at)?;
     constraint(tok, shaped.grammar.as_ref()).map_err(at)?;
+    // the variant's adapters are admitted into the plan now, so that an experiment that names
+    // one that does not fit is refused at creation, not at its first request
+    adapter_set(tok.adapters(), s.adapters.as_deref()).map_err(at)?;
     Ok(())
 }

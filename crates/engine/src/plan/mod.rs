@@ -67,6 +67,8 @@ impl fmt::Display for KvType {
 #[derive(Debug, Clone)]
 pub struct PlanRequest {
     pub weights_bytes: u64,
+    /// Memory reserved for LoRA adapter tensors (`adapters.rs`), taken before KV.
+    pub adapter_bytes: u64,
     pub shape: ModelShape,
     pub kv_type: KvType,
     /// The memory the budget is a share of (available memory, or a device's size).
@@ -138,6 +140,9 @@ impl PlanRequest {
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub weights_bytes: u64,
+    /// Reserved for LoRA adapters, beside the weights: on the device for the offloaded layers'
+    /// share (`split.rs`), on the host for the rest.
+    pub adapter_bytes: u64,
     pub kv_type: KvType,
     pub kv_bytes_per_token: u64,
     pub compute_bytes: u64,
@@ -282,6 +287,7 @@ impl MemoryPlan {
             .is_none_or(|d| d.planned_bytes <= d.usable_bytes);
         MemoryPlan {
             weights_bytes: req.weights_bytes,
+            adapter_bytes: req.adapter_bytes,
             kv_type: req.kv_type,
             kv_bytes_per_token,
             compute_bytes,
@@ -413,8 +419,13 @@ impl MemoryPlan {
     fn host_lines(&self) -> Vec<String> {
         vec![
             format!(
-                "memory: weights {}, kv {} ({} tokens, {} B/token, {}), compute {}, prefix store {}, budget {} (margin {})",
+                "memory: weights {}{}, kv {} ({} tokens, {} B/token, {}), compute {}, prefix store {}, budget {} (margin {})",
                 human_bytes(self.weights_bytes),
+                if self.adapter_bytes > 0 {
+                    format!(", adapters {}", human_bytes(self.adapter_bytes))
+                } else {
+                    String::new()
+                },
                 human_bytes(self.kv_bytes),
                 self.kv_cells,
                 self.kv_bytes_per_token,
@@ -459,6 +470,7 @@ mod tests {
     fn req(weights: u64, total: u64) -> PlanRequest {
         PlanRequest {
             weights_bytes: weights,
+            adapter_bytes: 0,
             shape: shape(),
             kv_type: KvType::F16,
             memory_total: total,

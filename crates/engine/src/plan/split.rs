@@ -85,10 +85,14 @@ impl<'a> Split<'a> {
             Budget::Bytes(b) => b,
             Budget::Fraction(f) => (o.device.free_bytes as f64 * f) as u64,
         });
+        // llama.cpp puts an adapter's tensors in the buffer of the weights they adapt: the
+        // offloaded layers' share of the adapters is on the device (every layer adapted alike)
+        let adapter_device = (u128::from(req.adapter_bytes) * u128::from(layers))
+            .div_ceil(u128::from(n_layer)) as u64;
         Split {
             offload,
-            host_weights: req.weights_bytes - device_weights,
-            device_weights,
+            host_weights: req.weights_bytes - device_weights + req.adapter_bytes - adapter_device,
+            device_weights: device_weights + adapter_device,
             kv_host_per_token: kv_bytes_per_token - kv_device_per_token,
             kv_device_per_token,
             device_budget,
@@ -186,4 +190,75 @@ fn cells_within(
         fit = fit.max(room2.checked_div(per_cell).unwrap_or(u64::MAX));
     }
     fit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::ModelShape;
+    use crate::plan::{KvType, MemoryPlan};
+
+    /// The default model's shape, `layers` of its 30 offloaded, `adapters` bytes of LoRA tensors.
+    fn plan(layers: u64, adapters: u64) -> MemoryPlan {
+        let weights = 96_600_000;
+        MemoryPlan::new(&PlanRequest {
+            weights_bytes: weights,
+            adapter_bytes: adapters,
+            shape: ModelShape {
+                n_layer: 30,
+                n_head: 9,
+                n_head_kv: 3,
+                n_embd: 576,
+                head_dim_k: 64,
+                head_dim_v: 64,
+                n_vocab: 49152,
+                n_ctx_train: 8192,
+            },
+            kv_type: KvType::F16,
+            memory_total: 8 << 30,
+            budget: Budget::Bytes(2 << 30),
+            margin: 0.1,
+            context: 512,
+            n_batch: 512,
+            max_sequences: 8,
+            kv_cells_cap: Some(4096),
+            flash_attention: true,
+            kv_unified: false,
+            prefix_store: Some(0),
+            offload: Some(Offload {
+                device: DeviceMemory {
+                    name: "Fake0".into(),
+                    description: "a fake device".into(),
+                    backend: "Fake".into(),
+                    total_bytes: 8 << 30,
+                    free_bytes: 8 << 30,
+                },
+                budget: Budget::Bytes(2 << 30),
+                layers,
+                weights_bytes: weights * layers / 30,
+            }),
+        })
+    }
+
+    /// llama.cpp allocates an adapter tensor in the buffer of the weight it adapts: the
+    /// offloaded layers' share of the adapters is planned on the device, the rest on the host.
+    #[test]
+    fn adapters_are_planned_where_the_layers_they_adapt_are() {
+        let adapters = 19_537_920;
+        for (layers, on_device) in [(30, adapters), (0, 0), (15, adapters / 2), (7, 4_558_848)] {
+            let (without, with) = (plan(layers, 0), plan(layers, adapters));
+            assert_eq!(with.kv_cells, without.kv_cells);
+            let device = |p: &MemoryPlan| p.device.as_ref().map_or(0, |d| d.weights_bytes);
+            assert_eq!(
+                device(&with) - device(&without),
+                on_device,
+                "{layers} layers"
+            );
+            assert_eq!(
+                with.host_planned_bytes - without.host_planned_bytes,
+                adapters - on_device,
+                "{layers} layers"
+            );
+        }
+    }
 }

@@ -26,6 +26,7 @@ mod wire;
 
 use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 
+use crate::adapters::{adapter_set, AdapterBudget, AdapterSet};
 use crate::chat::ChatTemplateError;
 use crate::grammar::{Constraint, Grammars};
 use crate::request::Request;
@@ -64,6 +65,10 @@ pub trait Tokenizer {
     fn tool_format(&self) -> ToolFormat {
         ToolFormat::Generic
     }
+    /// The memory plan's LoRA adapter reservation (`None`: no adapter may be named).
+    fn adapters(&self) -> Option<&AdapterBudget> {
+        None
+    }
 }
 
 /// A shared model prepares like the model itself.
@@ -89,6 +94,9 @@ impl<T: Tokenizer + ?Sized> Tokenizer for std::sync::Arc<T> {
     }
     fn tool_format(&self) -> ToolFormat {
         (**self).tool_format()
+    }
+    fn adapters(&self) -> Option<&AdapterBudget> {
+        (**self).adapters()
     }
 }
 
@@ -140,6 +148,8 @@ pub struct Prepared {
     pub constraint: Option<Constraint>,
     /// How the answer's text becomes tool calls (a chat with tools).
     pub tools: Option<ToolUse>,
+    /// The LoRA adapters it runs under (empty: the base model).
+    pub adapters: AdapterSet,
 }
 
 impl Prepared {
@@ -147,6 +157,7 @@ impl Prepared {
     pub fn request(self) -> Request {
         Request {
             constraint: self.constraint,
+            adapters: self.adapters,
             ..Request::new(self.prompt, self.params)
         }
     }
@@ -217,11 +228,13 @@ pub fn prepare(
         field,
     )?;
     let constraint = constraint(tok, shaped.grammar.as_ref())?;
+    let adapters = adapter_set(tok.adapters(), sampling.adapters.as_deref())?;
     Ok(Prepared {
         prompt,
         params,
         constraint,
         tools: shaped.tools,
+        adapters,
     })
 }
 

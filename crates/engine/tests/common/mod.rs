@@ -58,14 +58,10 @@ pub fn collect(rx: UnboundedReceiver<Event>) -> Result<Output, String> {
 
 pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedReceiver<Event> {
     engine
-        .submit(Request {
-            prompt: prompt.to_vec(),
-            params: SamplingParams::greedy(max_tokens),
-            group: None,
-            priority: false,
-            kv_share: None,
-            constraint: None,
-        })
+        .submit(Request::new(
+            prompt.to_vec(),
+            SamplingParams::greedy(max_tokens),
+        ))
         .expect("submit")
 }
 
@@ -75,14 +71,7 @@ pub fn run_all(engine: &Engine, prompts: &[Vec<i32>], params: &SamplingParams) -
         .iter()
         .map(|p| {
             engine
-                .submit(Request {
-                    prompt: p.clone(),
-                    params: params.clone(),
-                    group: None,
-                    priority: false,
-                    kv_share: None,
-                    constraint: None,
-                })
+                .submit(Request::new(p.clone(), params.clone()))
                 .expect("submit")
         })
         .collect();

@@ -65,6 +65,7 @@ impl Fake {
         };
         let plan = MemoryPlan::new(&PlanRequest {
             weights_bytes: 1 << 20,
+            adapter_bytes: 0,
             shape,
             kv_type: KvType::F16,
             memory_total: 1 << 40,

@@ -1,0 +1,328 @@
+//! LoRA adapters on the real default model (issue 29). The adapters are random low-rank GGUF
+//! LoRA files written by scripts/test-lora.py into the ignored models/test/ folder:
+//!
+//! - an adapter at scale 0 gives exactly the base model's greedy tokens (and a base request on
+//!   an engine with an adapter loaded gives what an engine without adapters gives); at scale 1
+//!   the tokens differ, and at scales 1 and 0.5 they equal llama.cpp's own server loop with the
+//!   same adapter token for token (fixture recorded by scripts/record_lora_reference.py);
+//! - sequences under different adapters running concurrently give what each gives alone;
+//! - the same prompt under another adapter never reuses the first one's KV (prefill counters);
+//! - the plan's adapter bytes equal llama.cpp's LoRA buffers, and what does not fit the
+//!   reservation is refused with every number before anything is loaded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use abserve_engine::adapters::{adapter_set, AdapterSet};
+use abserve_engine::prepare::Tokenizer;
+use abserve_engine::{Engine, EngineConfig, Request, SamplingParams};
+use abserve_protocol::Adapter;
+use serde_json::Value;
+
+/// models/test/lora-r8-seed{seed}.gguf, written once by scripts/test-lora.py (the `gguf` package
+/// in .venv, which scripts/test.sh installs).
+fn lora(seed: u64) -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = root.join(format!("models/test/lora-r8-seed{seed}.gguf"));
+    if out.exists() {
+        return out.canonicalize().unwrap();
+    }
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let venv = root.join(".venv/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    };
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
+    let status = Command::new(&python)
+        .arg(root.join("scripts/test-lora.py"))
+        .arg(common::model_path())
+        .arg(&tmp)
+        .args(["--seed", &seed.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    assert!(status.success(), "scripts/test-lora.py failed: {status}");
+    std::fs::rename(&tmp, &out).unwrap();
+    out.canonicalize().unwrap()
+}
+
+/// An engine with `adapters` loaded at start. One starts at a time: what llama.cpp allocated is
+/// read from its log, which every engine of this process writes to.
+fn engine_with(adapters: &[PathBuf], tweak: impl FnOnce(&mut EngineConfig)) -> Engine {
+    static STARTING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = STARTING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cfg = common::config();
+    cfg.adapters = adapters.to_vec();
+    tweak(&mut cfg);
+    Engine::start(cfg).unwrap()
+}
+
+fn set(engine: &Engine, path: &Path, scale: f32) -> AdapterSet {
+    let a = Adapter {
+        path: path.display().to_string(),
+        scale,
+    };
+    adapter_set(engine.adapters(), Some(&[a])).unwrap()
+}
+
+fn under(prompt: &[i32], max_tokens: u32, adapters: &AdapterSet) -> Request {
+    Request {
+        adapters: adapters.clone(),
+        ..Request::new(prompt.to_vec(), SamplingParams::greedy(max_tokens))
+    }
+}
+
+fn tokens(engine: &Engine, req: Request) -> Vec<i32> {
+    common::collect(engine.submit(req).unwrap()).unwrap().tokens
+}
+
+/// Greedy tokens under an adapter against llama.cpp's own server loop with the same adapter
+/// (xllamacpp, prebuilt), each prompt alone with plain attention as in reference.rs. The base
+/// model's reference matches exactly; under the random adapter the two builds agree exactly on
+/// some answers and fork on others where the top two tokens are close: the adapter's F32
+/// matrix products are summed in another order by the prebuilt package's CPU kernels, and a
+/// strong random adapter makes the model's choices fragile (measured 2026-12-04: 7 of 9 answers
+/// equal over 24 tokens, the other two fork at their 5th and 13th tokens where abserve's top two
+/// log-probabilities are 0.11 and 0.05 apart). The test holds every answer to the reference
+/// until a fork, a fork only where abserve's own top two are within 0.25 of each other and not
+/// in the first 4 tokens, and most answers equal throughout.
+#[test]
+fn scale_zero_is_the_base_model_and_the_adapter_agrees_with_llama_cpp() {
+    let fx: Value = serde_json::from_str(include_str!("fixtures/reference_lora.json")).unwrap();
+    let a = lora(1);
+    let sha = Command::new("sha256sum").arg(&a).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sha.stdout)
+            .split_whitespace()
+            .next(),
+        fx["adapter_sha256"].as_str(),
+        "models/test/lora-r8-seed1.gguf is not the adapter the fixture was recorded with \
+         (delete it to have it written again)"
+    );
+    let plain = |c: &mut EngineConfig| {
+        c.flash_attention = false;
+        c.prefix_sharing = false;
+    };
+    let engine = engine_with(std::slice::from_ref(&a), plain);
+    let bare = engine_with(&[], plain);
+    let max = fx["max_tokens"].as_u64().unwrap() as u32;
+    let (mut equal, mut differing, mut forks) = (0, 0, Vec::new());
+    let cases = fx["cases"].as_array().unwrap();
+    for c in cases {
+        let prompt = engine.prompt_tokens(c["prompt"].as_str().unwrap());
+        let scale = c["scale"].as_f64().unwrap() as f32;
+        let req = Request {
+            params: SamplingParams {
+                logprobs: Some(2),
+                ..SamplingParams::greedy(max)
+            },
+            ..under(&prompt, max, &set(&engine, &a, scale))
+        };
+        let out = common::collect(engine.submit(req).unwrap()).unwrap();
+        let got = out.tokens.clone();
+        let want: Vec<i32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+        assert_eq!(prompt.len() as u64, c["prompt_tokens"].as_u64().unwrap());
+        // the reference stops at an end-of-generation token without listing it
+        let common_len = got.iter().zip(&want).take_while(|(x, y)| x == y).count();
+        if common_len == want.len() {
+            assert!(
+                got.len() == want.len() || got.len() == want.len() + 1,
+                "{c}"
+            );
+            equal += 1;
+        } else {
+            let gap = out.gaps[common_len];
+            forks.push((scale, common_len, gap));
+            assert!(
+                common_len >= 4 && gap < 0.25,
+                "scale {scale}: abserve forks from llama.cpp at token {common_len} where its top \
+                 two are {gap} apart (not a close call): {got:?} against {c}"
+            );
+        }
+        let base = tokens(&engine, under(&prompt, max, &AdapterSet::default()));
+        let alone = tokens(&bare, under(&prompt, max, &AdapterSet::default()));
+        assert_eq!(base, alone, "a base request beside a loaded adapter");
+        if scale == 0.0 {
+            assert!(set(&engine, &a, 0.0).is_base());
+            assert_eq!(got, base, "scale 0 must be the base model");
+        } else if scale == 1.0 && got != base {
+            differing += 1;
+        }
+    }
+    eprintln!(
+        "adapter agreement with llama.cpp: {equal} of {} equal over {max} tokens; forks (scale, token, top-2 gap): {forks:?}",
+        cases.len()
+    );
+    assert!(
+        equal * 2 > cases.len(),
+        "most answers should equal llama.cpp's"
+    );
+    assert!(
+        differing >= 2,
+        "the random adapter should change greedy tokens at scale 1"
+    );
+}
+
+#[test]
+fn different_adapters_concurrently_equal_each_alone_and_never_share_kv() {
+    let (a, b) = (lora(1), lora(2));
+    let engine = engine_with(&[a.clone(), b.clone()], |_| {});
+    let sets = [
+        AdapterSet::default(),
+        set(&engine, &a, 1.0),
+        set(&engine, &b, 1.0),
+        set(&engine, &a, 0.5),
+    ];
+    let prompts: Vec<Vec<i32>> = [
+        "Write about the sea.",
+        "List three fruits:",
+        "Dear customer,",
+    ]
+    .iter()
+    .map(|p| engine.prompt_tokens(p))
+    .collect();
+    // each alone, one after another on a second engine, with the top-2 gaps of its tokens
+    let one_by_one = engine_with(&[a.clone(), b.clone()], |_| {});
+    let with_gaps = |p: &[i32], s: &AdapterSet| Request {
+        params: SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::greedy(16)
+        },
+        ..under(p, 16, s)
+    };
+    let mut alone = Vec::new();
+    for s in &sets {
+        for p in &prompts {
+            alone.push(common::collect(one_by_one.submit(with_gaps(p, s)).unwrap()).unwrap());
+        }
+    }
+    // all twelve at once: four adapter sets decoding side by side
+    let rxs: Vec<_> = sets
+        .iter()
+        .flat_map(|s| prompts.iter().map(move |p| under(p, 16, s)))
+        .map(|r| engine.submit(r).unwrap())
+        .collect();
+    let together: Vec<Vec<i32>> = rxs
+        .into_iter()
+        .map(|rx| std::thread::spawn(move || common::collect(rx).unwrap().tokens))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    // llama.cpp's CPU kernels round a batch of rows differently from one row (batching.rs), and
+    // the random adapters make near-ties common; a crossed adapter or crossed KV would part at
+    // confident tokens
+    let mut identical = 0;
+    for (i, (t, a1)) in together.iter().zip(&alone).enumerate() {
+        match t.iter().zip(&a1.tokens).position(|(x, y)| x != y) {
+            None => identical += 1,
+            Some(k) => {
+                let gap = a1.gaps[k];
+                eprintln!("sequence {i} (set {}): parts from its solo run at token {k}, top-2 gap {gap:.3}", i / 3);
+                assert!(
+                    gap < 0.25,
+                    "sequence {i} parted from its solo run at a confident token (gap {gap})"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "adapter sets side by side: {identical} of 12 identical to their solo runs over 16 tokens"
+    );
+    assert!(identical >= 10, "only {identical} of 12 identical");
+    let alone: Vec<Vec<i32>> = alone.into_iter().map(|o| o.tokens).collect();
+    for i in 0..prompts.len() {
+        assert_ne!(
+            alone[3 + i],
+            alone[6 + i],
+            "two adapters gave the same tokens"
+        );
+    }
+
+    // one prompt under a, then under b: b must compute every prompt token again
+    let long = engine
+        .prompt_tokens(&"The history of the lighthouse keepers of the north coast. ".repeat(8));
+    let computed = |e: &Engine| e.stats().prompt_tokens_computed;
+    let e = engine_with(&[a.clone(), b.clone()], |_| {});
+    let under_a = tokens(&e, under(&long, 8, &sets[1]));
+    let before = computed(&e);
+    let under_b = tokens(&e, under(&long, 8, &sets[2]));
+    assert_eq!(
+        computed(&e) - before,
+        long.len() as u64,
+        "the prompt under b reused KV computed under a"
+    );
+    let before = computed(&e);
+    assert_eq!(tokens(&e, under(&long, 8, &sets[1])), under_a);
+    assert!(
+        computed(&e) - before < long.len() as u64,
+        "the same prompt under the same adapter should reuse its KV"
+    );
+    let fresh = engine_with(&[a, b], |_| {});
+    assert_eq!(under_b, tokens(&fresh, under(&long, 8, &sets[2])));
+}
+
+#[test]
+fn planned_adapter_bytes_equal_llama_cpp_lora_buffers_and_what_does_not_fit_is_refused() {
+    let (a, b) = (lora(1), lora(2));
+    let engine = engine_with(&[a.clone(), b.clone()], |_| {});
+    let planned = engine.plan().adapter_bytes;
+    let got = engine.measured().llama.adapters;
+    eprintln!("adapters: planned {planned} B, llama.cpp LoRA buffers {got} B");
+    // llama.cpp prints each buffer in MiB with two decimals
+    assert!(planned > 0);
+    assert!(
+        (got as f64 - planned as f64).abs() <= 2.0 * 0.005 * 1048576.0,
+        "planned {planned} B, llama.cpp allocated {got} B"
+    );
+    let budget = engine.adapters().unwrap();
+    assert_eq!(budget.used(), planned);
+
+    // a folder of adapters with room for one: the second is refused with the numbers
+    let dir = std::env::temp_dir().join(format!("abserve-adapter-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (src, name) in [(&a, "a.gguf"), (&b, "b.gguf")] {
+        std::fs::copy(src, dir.join(name)).unwrap();
+    }
+    let one = std::fs::metadata(&a).unwrap().len();
+    let engine = engine_with(&[], |c| {
+        c.adapter_dir = Some(dir.clone());
+        c.adapter_memory = one;
+    });
+    let name = |n: &str| {
+        Some(vec![Adapter {
+            path: n.into(),
+            scale: 1.0,
+        }])
+    };
+    let first = adapter_set(engine.adapters(), name("a.gguf").as_deref()).unwrap();
+    let prompt = engine.prompt_tokens("Hello");
+    assert!(!tokens(&engine, under(&prompt, 4, &first)).is_empty());
+    let e = adapter_set(engine.adapters(), name("b.gguf").as_deref()).unwrap_err();
+    assert_eq!(e.field, "adapters[0].path");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("reserved") && msg.contains("--adapter-memory"),
+        "{msg}"
+    );
+    // outside the folder, or not an adapter at all
+    let e = adapter_set(engine.adapters(), name("../escape.gguf").as_deref()).unwrap_err();
+    assert!(
+        e.to_string().contains("not an adapter of this server"),
+        "{e}"
+    );
+    std::fs::copy(common::model_path(), dir.join("model.gguf")).unwrap();
+    let e = adapter_set(engine.adapters(), name("model.gguf").as_deref()).unwrap_err();
+    assert!(e.to_string().contains("not a LoRA adapter"), "{e}");
+    // an engine without adapters refuses the field
+    let bare = engine_with(&[], |_| {});
+    let e = adapter_set(bare.adapters(), name("a.gguf").as_deref()).unwrap_err();
+    assert!(e.to_string().contains("no LoRA adapters"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Records greedy continuations from llama.cpp's own server loop (the prebuilt PyPI package
+`xllamacpp`) for the default model with a random LoRA adapter (scripts/test-lora.py, seed 1)
+at several scales, batch 1, so that abserve's adapter path can be compared token for token
+(crates/engine/tests/adapters.rs). The adapter is made here exactly as the test makes it, and its
+sha256 goes into the fixture so that a different adapter is caught rather than compared.
+Regenerate with:
+
+    .venv/bin/pip install xllamacpp==2026.10.11549
+    .venv/bin/python scripts/record_lora_reference.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        > crates/engine/tests/fixtures/reference_lora.json
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import xllamacpp as xlc
+
+MAX_TOKENS = 24
+SCALES = [1.0, 0.5]
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+
+
+def main():
+    model = sys.argv[1]
+    lora = os.path.join(tempfile.mkdtemp(), "lora-r8-seed1.gguf")
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "test-lora.py"), model, lora, "--seed", "1"], check=True)
+    sha = hashlib.sha256(open(lora, "rb").read()).hexdigest()
+    p = xlc.CommonParams()
+    p.model.path = model
+    p.n_ctx = 2048
+    p.n_parallel = 1
+    p.cpuparams.n_threads = 2
+    p.cpuparams_batch.n_threads = 2
+    # as in record_reference.py: plain attention, which both llama.cpp builds share
+    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    info = xlc.CommonAdapterLoraInfo(lora, 1.0)
+    p.lora_adapters = [info]
+    s = xlc.Server(p)
+    out = {"source": f"xllamacpp {xlc.__version__}", "adapter": "scripts/test-lora.py MODEL OUT --seed 1",
+           "adapter_sha256": sha, "max_tokens": MAX_TOKENS, "cases": []}
+    for scale in SCALES + [0.0]:
+        for prompt in PROMPTS:
+            r = s.handle_completions({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1,
+                                      "cache_prompt": False, "lora": [{"id": 0, "scale": scale}]})
+            out["cases"].append({"prompt": prompt, "scale": scale, "prompt_tokens": r["usage"]["prompt_tokens"],
+                                 "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
+                                 "text": r["choices"][0]["text"]})
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
