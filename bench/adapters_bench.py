@@ -5,12 +5,13 @@ llama.cpp server with the 4 adapters and per-request LoRA (xllamacpp, its `lora`
 
 The adapters are random rank-8 GGUF LoRA files (scripts/test-lora.py, seeds 1-4); the merged
 fine-tunes are the model with each adapter merged at scale 1 and quantized back to Q4_1
-(scripts/merge-lora.py). Traffic: 48 chat requests of 64 tokens (end of generation ignored,
+(scripts/merge-lora.py). Traffic: 32 chat requests of 64 tokens (end of generation ignored,
 temperature 0), a quarter per variant, interleaved, from 8 and then 16 closed-loop clients.
 Measured per run: generated tokens/s of wall time and the peak summed PSS of the servers'
-processes (resident memory, shared pages divided among their sharers). Every server runs with
-2 threads (the machine's cores; the naive setup's 4 servers share them), 16 slots in all
-(naive: 4 slots each), 512 context tokens per slot, flash attention on.
+processes (resident memory, shared pages divided among their sharers). abserve and (b) run
+2 threads (the machine's cores), the naive setup's 4 servers 1 each (2 each, 8 spinning threads
+on 2 cores, was slower); 16 slots in all (naive: 4 slots each), 512 context tokens per slot,
+flash attention on. abserve: --adapter-turn as given (--abserve-args).
 
     .venv/bin/pip install xllamacpp==2026.10.11549 gguf==0.19.0
     .venv/bin/python bench/adapters_bench.py [--runs 3]
@@ -49,7 +50,7 @@ def assets():
     return loras, merged
 
 
-def workload(n=48):
+def workload(n=32):
     """(variant, body) pairs: a quarter per variant, interleaved as A/B traffic arrives."""
     items = []
     for i in range(n):
@@ -60,10 +61,13 @@ def workload(n=48):
     return items
 
 
+EXTRA = []
+
+
 def start_abserve(loras):
     args = [str(ABSERVE), "serve", "--model", str(MODEL), "--port", "0", "--threads", "2", "--model-id", "m",
             "--data-dir", tempfile.mkdtemp(prefix="abserve-bench-"), "--max-sequences", "16", "--context", "512",
-            "--queue-timeout", "300"]
+            "--queue-timeout", "300", *EXTRA]
     for l in loras:
         args += ["--lora", str(l)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -75,9 +79,9 @@ def start_abserve(loras):
 
 PEER = """
 import sys, xllamacpp as x
-model, parallel, loras = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+model, parallel, threads, loras = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 p = x.CommonParams(); p.model.path = model; p.n_parallel = parallel; p.n_ctx = parallel * 512
-p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2
+p.cpuparams.n_threads = threads; p.cpuparams_batch.n_threads = threads
 p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
 p.lora_adapters = [x.CommonAdapterLoraInfo(l, 0.0) for l in loras]
 s = x.Server(p); print("ADDR", s.listening_address, flush=True)
@@ -85,8 +89,9 @@ sys.stdin.read()
 """
 
 
-def start_peer(model, parallel, loras=()):
-    p = subprocess.Popen([sys.executable, "-c", PEER, str(model), str(parallel), *map(str, loras)], stdin=subprocess.PIPE,
+def start_peer(model, parallel, threads, loras=()):
+    p = subprocess.Popen([sys.executable, "-c", PEER, str(model), str(parallel), str(threads), *map(str, loras)],
+                         stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in p.stdout:
         if line.startswith("ADDR "):
@@ -100,10 +105,10 @@ def run(setup, loras, merged, clients):
         procs = [start_abserve(loras)]
         route = lambda v, b: (procs[0][1], dict(b, adapters=[{"path": str(loras[v])}]))  # noqa: E731
     elif setup == "per-request":
-        procs = [start_peer(MODEL, 16, loras)]
+        procs = [start_peer(MODEL, 16, 2, loras)]
         route = lambda v, b: (procs[0][1], dict(b, lora=[{"id": v, "scale": 1.0}]))  # noqa: E731
     else:
-        procs = [start_peer(m, 4) for m in merged]
+        procs = [start_peer(m, 4, 1) for m in merged]
         route = lambda v, b: (procs[v][1], b)  # noqa: E731
     try:
         mem = PeakPss([p.pid for p, _ in procs])
@@ -127,10 +132,13 @@ def run(setup, loras, merged, clients):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--abserve-args", default="")
+    ap.add_argument("--only", default="abserve,per-request,naive")
     a = ap.parse_args()
+    EXTRA.extend(a.abserve_args.split())
     import xllamacpp
     loras, merged = assets()
-    setups = ["abserve", "per-request", "naive"]
+    setups = a.only.split(",")
     res = {(s, c): [] for s in setups for c in (8, 16)}
     for r in range(a.runs):
         for c in (8, 16):

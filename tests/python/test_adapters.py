@@ -14,8 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from conftest import MODEL, MODEL_ID, ROOT, Server
+
+CHROMIUM = os.environ.get("ABSERVE_CHROMIUM", "/usr/bin/chromium")
 
 
 def lora(seed):
@@ -155,6 +158,20 @@ def test_an_experiment_of_prompt_and_adapter_variants(lora_server):
             extra_headers={"X-Abserve-Variant": v})
         assert raw.headers["x-abserve-variant"] == v
         assert raw.parse().choices[0].message.content == by[v]
+    # the results and the dashboard name each variant's adapters
+    status, text = http("GET", s.url + "/experiments/tunes/results")
+    assert status == 200, text
+    named = {v["id"]: v.get("adapters") for v in json.loads(text)["variants"]}
+    assert named == {"control": None, "prompt": None, "tuned-a": [{"path": a, "scale": 1.0}],
+                     "tuned-b": [{"path": b, "scale": 1.0}]}, named
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(s.base + "/#/e/tunes")
+        row = page.locator('#performance tr[data-variant="tuned-b"]')
+        expect(row.locator(".adapters")).to_have_text(" (adapters: lora-r8-seed2.gguf)")
+        expect(page.locator('#performance tr[data-variant="control"] .adapters')).to_have_count(0)
+        browser.close()
     # a variant naming an adapter the server was not started with is refused at creation
     status, text = http("POST", s.url + "/experiments", {
         "name": "unknown", "variants": [{"id": "a"}, {"id": "b", "adapters": [{"path": "/nowhere/x.gguf"}]}]})

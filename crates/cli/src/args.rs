@@ -88,6 +88,11 @@ pub struct ModelArgs {
     /// bytes (`64MiB`) [default: 0].
     #[arg(long, value_parser = abserve_engine::plan::parse_bytes, default_value = "0")]
     pub adapter_memory: u64,
+    /// With sequences of several adapter sets running: steps one set keeps the context before
+    /// the next set's sequences run (applying another set rebuilds llama.cpp's compute graphs);
+    /// 0 runs every set in every step.
+    #[arg(long, default_value_t = 8)]
+    pub adapter_turn: usize,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -141,6 +146,7 @@ impl ModelArgs {
         c.adapters = self.lora.clone();
         c.adapter_dir = self.adapter_dir.clone();
         c.adapter_memory = self.adapter_memory;
+        c.adapter_turn = self.adapter_turn;
         if self.gpu_layers != Some(GpuLayers::Count(0)) {
             // none in a CPU build; the engine refuses --gpu-layers then (`plan` may add a
             // hypothetical device first)

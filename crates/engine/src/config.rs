@@ -82,6 +82,9 @@ pub struct EngineConfig {
     /// Memory reserved in the plan for adapters beyond those loaded at start
     /// (`--adapter-memory`; default 0).
     pub adapter_memory: u64,
+    /// Steps an adapter set keeps the context while other sets' sequences wait
+    /// (`--adapter-turn`; `scheduler/step.rs`).
+    pub adapter_turn: usize,
 }
 
 /// How many layers go to the device (`--gpu-layers N|all`).
@@ -144,6 +147,7 @@ impl EngineConfig {
             adapters: Vec::new(),
             adapter_dir: None,
             adapter_memory: 0,
+            adapter_turn: 8,
         }
     }
 
@@ -186,6 +190,7 @@ impl EngineConfig {
         s.max_itl = (self.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(self.max_itl_ms / 1e3));
         s.admission_control = self.admission_control;
         s.fast_forward = self.fast_forward;
+        s.adapter_turn = self.adapter_turn;
         if !self.prefix_sharing {
             s.min_shared_prefix = usize::MAX;
         }

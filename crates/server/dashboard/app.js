@@ -234,13 +234,20 @@ function metricSection(r, metric) {
   return h('div', { id: 'metric' }, h('div', { class: 'scroll' }, summary), h('div', { class: 'compares' }, cards));
 }
 
+// What a variant runs under besides the model: its LoRA adapters, file names with scales.
+function adapterNote(v) {
+  if (!v.adapters || !v.adapters.length) return null;
+  const names = v.adapters.map((a) => a.path.split('/').pop() + (a.scale === 1 ? '' : ' ×' + a.scale));
+  return h('span', { class: 'muted adapters' }, ' (adapters: ' + names.join(', ') + ')');
+}
+
 function performanceTable(r) {
   const mean = (v, k) => (v.metrics[k] ? v.metrics[k].summary.mean : null);
   return h('table', { id: 'performance' },
     h('thead', {}, h('tr', {}, ['Variant', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Error rate']
       .map((t, i) => h('th', { class: i ? 'num' : null }, t)))),
     h('tbody', {}, r.variants.map((v) => h('tr', { 'data-variant': v.id },
-      h('td', {}, v.id), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
+      h('td', {}, v.id, adapterNote(v)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
       cell('ttft', mean(v, 'ttft_ms')), cell('tokens', mean(v, 'output_tokens')), cell('errors', mean(v, 'error'), (x) => pct(x))))));
 }
 

@@ -161,6 +161,9 @@ pub struct RatioParts {
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantResult {
     pub id: String,
+    /// The LoRA adapters the variant generates with (none: the base model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<Vec<abserve_protocol::Adapter>>,
     pub is_control: bool,
     pub weight: f64,
     pub units: u64,
@@ -272,6 +275,7 @@ pub(super) fn assemble(
                 .collect();
             VariantResult {
                 id: v.id.clone(),
+                adapters: v.adapters.clone(),
                 is_control: &v.id == control,
                 weight,
                 units: units.get(&v.id).copied().unwrap_or(0),

@@ -92,6 +92,10 @@ pub struct SchedulerConfig {
     /// Append the tokens a grammar forces without sampling them (`sample.rs`); off, the mask
     /// admits them one per step.
     pub fast_forward: bool,
+    /// Steps an adapter set keeps the context while sequences of other sets wait (`step.rs`):
+    /// applying another set makes llama.cpp rebuild its compute graphs; 0 decodes every set in
+    /// every step.
+    pub adapter_turn: usize,
 }
 
 impl SchedulerConfig {
@@ -109,6 +113,7 @@ impl SchedulerConfig {
             prefix_store_bytes: 0,
             seed: 0x5eed,
             fast_forward: true,
+            adapter_turn: 8,
         }
     }
 
@@ -155,6 +160,8 @@ pub struct Scheduler {
     gangs: u64,
     /// Adapter sets seen, by id (`step.rs`); 0 is the base model.
     sets: Vec<AdapterSet>,
+    /// The adapter set whose turn it is and the steps its turn has left (`step.rs`).
+    turn: (u32, usize),
 }
 
 impl Scheduler {
@@ -185,6 +192,7 @@ impl Scheduler {
             pinned: Vec::new(),
             gangs: 0,
             sets: vec![AdapterSet::default()],
+            turn: (0, 0),
         }
     }
 

@@ -1,11 +1,19 @@
-//! One scheduler step: reap, admit, make room, then one decode per adapter set among the
-//! running sequences (llama.cpp applies one set of LoRA adapters to a context at a time), each
-//! followed by its sampling (`batch.rs`).
+//! One scheduler step: reap, admit, make room, then decode the running sequences of the adapter
+//! set whose turn it is (llama.cpp applies one set of LoRA adapters to a context at a time),
+//! followed by their sampling (`batch.rs`).
+//!
+//! Turns: applying another set makes llama.cpp reserve its compute graphs again (a new backend
+//! scheduler and worst-case graphs), which costs more than a decode of a few sequences. So with
+//! sequences of several sets running, one set keeps the context for `adapter_turn` steps, then
+//! the next set (by id, wrapping) with running sequences takes it: every set gets the same
+//! number of steps in a round, and none waits more than `adapter_turn` × (sets − 1) steps.
+//! With one set running there are no turns (the base model alone is unaffected), and
+//! `adapter_turn = 0` decodes every set in every step.
 //!
 //! Invariants: a sequence is decoded only while its own adapter set is applied (the set is
-//! applied right before each decode, and a batch holds only that set's sequences); every set
-//! with running sequences gets a decode in every step, in the order of first appearance (the
-//! base model first), so no variant's sequences wait a step for another's.
+//! applied right before each decode, and a batch holds only that set's sequences); a step in
+//! which the set whose turn it is has nothing to decode passes the turn on at once, so a step
+//! with running sequences always decodes something when anything can be decoded.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -32,6 +40,33 @@ impl Scheduler {
         sets
     }
 
+    /// The sets to decode this step, in order: all of them without turns; with turns, the set
+    /// whose turn it is first, then the others in rotation (tried only while none decoded).
+    fn sets_in_turn(&mut self) -> (Vec<u32>, bool) {
+        let sets = self.running_sets();
+        if sets.len() <= 1 || self.cfg.adapter_turn == 0 {
+            return (sets, false);
+        }
+        let (current, left) = self.turn;
+        let first = if left > 0 && sets.contains(&current) {
+            self.turn.1 -= 1;
+            current
+        } else {
+            let next = sets
+                .iter()
+                .copied()
+                .find(|&s| s > current)
+                .unwrap_or(sets[0]);
+            self.turn = (next, self.cfg.adapter_turn - 1);
+            next
+        };
+        let at = sets.iter().position(|&s| s == first).unwrap_or(0);
+        (
+            sets[at..].iter().chain(&sets[..at]).copied().collect(),
+            true,
+        )
+    }
+
     /// One iteration. Returns false when there was nothing to run.
     pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
         let t0 = Instant::now();
@@ -47,14 +82,25 @@ impl Scheduler {
         let mut decode_only = true;
         let mut ran = false;
         let log = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG);
-        for set in self.running_sets() {
+        let (sets, turns) = self.sets_in_turn();
+        for set in sets {
+            if turns && decodes > 0 {
+                break;
+            }
             let plan = match self.decode_set(be, set) {
                 Ok(plan) => plan,
                 Err(r) => {
                     ran |= r;
+                    // its turn passes to the next set with something to decode
+                    if turns {
+                        self.turn = (set, 0);
+                    }
                     continue;
                 }
             };
+            if turns && self.turn.0 != set {
+                self.turn = (set, self.cfg.adapter_turn - 1);
+            }
             decodes += 1;
             seqs += plan.len();
             tokens += plan.iter().map(|p| p.n).sum::<usize>();

@@ -1,6 +1,7 @@
-//! Sequences under different LoRA adapter sets: one decode per set per step, the set applied
-//! before its decode, and KV reused only under the set that computed it (the fake tags every
-//! position with the set it was computed under, so borrowed KV changes the tokens).
+//! Sequences under different LoRA adapter sets: sets take turns at the context (or all decode
+//! in every step with `adapter_turn = 0`), the set applied before its decode, and KV reused
+//! only under the set that computed it (the fake tags every position with the set it was
+//! computed under, so borrowed KV changes the tokens).
 
 use super::*;
 use crate::adapters::AdapterSet;
@@ -73,8 +74,61 @@ fn sets_run_side_by_side_as_each_alone_and_never_share_kv() {
     let shared: Vec<usize> = got.iter().map(|g| g.1.shared_prompt_tokens).collect();
     assert_eq!(shared[..4], [0, 0, 0, 0], "{shared:?}");
     assert!(shared[4] > 0, "the same set still shares: {shared:?}");
-    // every step applied each running set once, before its own decode
+    // each running set was applied before its own decodes
     assert!(f.applied.len() >= 4, "{:?}", f.applied);
+}
+
+/// Three sets with two long sequences each: with turns of 4 steps the context changes sets
+/// once per turn, every set gets the same share of steps, and the tokens are each alone's;
+/// with `adapter_turn = 0` every set is applied in every step.
+#[test]
+fn sets_take_turns_at_the_context_and_get_equal_steps() {
+    let sets = [
+        AdapterSet::default(),
+        set("a.gguf", 1.0),
+        set("b.gguf", 1.0),
+    ];
+    let prompts = [prompt(1, 20), prompt(2, 20)];
+    let applied = |turn: usize| {
+        let (mut s, mut f) = split_sched(6);
+        s.cfg.adapter_turn = turn;
+        let mut rxs = Vec::new();
+        for a in &sets {
+            for p in &prompts {
+                rxs.push(submit_with(&mut s, p, a.clone()));
+            }
+        }
+        // progress per set after each step: generated tokens so far
+        let mut shares = Vec::new();
+        for _ in 0..12 {
+            s.step(&mut f);
+            let mut per_set = [0usize; 3];
+            for a in &s.running {
+                per_set[a.seq.adapters as usize] += a.seq.generated();
+            }
+            shares.push(per_set);
+        }
+        let first_12 = f.applied.clone();
+        run(&mut s, &mut f);
+        let outs: Vec<Vec<i32>> = rxs.iter_mut().map(|rx| drain(rx).0).collect();
+        (first_12, shares, outs)
+    };
+    let (turns, shares, outs) = applied(4);
+    // 12 steps in turns of 4: a, b, then the base model, each applied once
+    assert_eq!(turns, ["a.gguf×1", "b.gguf×1", "base"]);
+    assert_eq!(shares[11][0], shares[11][1], "{shares:?}");
+    assert_eq!(shares[11][1], shares[11][2], "{shares:?}");
+    let (every, _, same) = applied(0);
+    assert!(every.len() >= 3 * 11, "every set in every step: {every:?}");
+    assert_eq!(
+        outs, same,
+        "turns change when sequences run, not what they generate"
+    );
+    for (k, a) in sets.iter().enumerate() {
+        for (j, p) in prompts.iter().enumerate() {
+            assert_eq!(outs[2 * k + j], alone(p, a.clone()));
+        }
+    }
 }
 
 #[test]
