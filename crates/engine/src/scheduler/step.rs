@@ -22,14 +22,34 @@ use super::{batch, Compute, Scheduler};
 use crate::adapters::AdapterSet;
 use crate::request::GenerationError;
 
+/// Size of the adapter-set table from which unused ids are given again (`Scheduler::intern`).
+const REUSE_SETS_FROM: usize = 64;
+
 impl Scheduler {
-    /// The scheduler's id for `set` (0: the base model), given once per distinct set.
+    /// The scheduler's id for `set` (0: the base model). Ids of sets that nothing refers to any
+    /// more (no sequence, cached prefix or stored prefix) are given again once the table holds
+    /// `REUSE_SETS_FROM` sets, so that clients sending ever new scales cannot grow it.
     pub(super) fn intern(&mut self, set: AdapterSet) -> u32 {
         if let Some(i) = self.sets.iter().position(|s| *s == set) {
             return i as u32;
         }
+        if self.sets.len() >= REUSE_SETS_FROM {
+            if let Some(i) = (1..self.sets.len() as u32).find(|&i| !self.set_in_use(i)) {
+                self.sets[i as usize] = set;
+                return i;
+            }
+        }
         self.sets.push(set);
         (self.sets.len() - 1) as u32
+    }
+
+    /// Whether a sequence (waiting or running), a cached prefix or a stored prefix was made
+    /// under set `id`.
+    fn set_in_use(&self, id: u32) -> bool {
+        self.waiting.iter().any(|s| s.adapters == id)
+            || self.running.iter().any(|a| a.seq.adapters == id)
+            || self.cache.iter().any(|c| c.set == id)
+            || self.store.entries.iter().any(|e| e.set == id)
     }
 
     /// The adapter sets of the running sequences, each once, by id.

@@ -152,3 +152,28 @@ fn a_cached_prefix_is_reused_only_under_the_set_that_computed_it() {
     assert!(done.unwrap().shared_prompt_tokens > 0);
     assert_eq!(toks, alone(&p, set("a.gguf", 1.0)));
 }
+
+/// A client sending ever new scales cannot grow the scheduler's table of sets: ids of sets that
+/// nothing refers to any more are given again, and a set still in use keeps its id.
+#[test]
+fn the_table_of_sets_stays_bounded() {
+    let (mut s, mut f) = split_sched(2);
+    let p = prompt(4, 20);
+    for i in 0..1000 {
+        let mut rx = submit_with(&mut s, &p, set("a.gguf", 1.0 + i as f32 / 1000.0));
+        run(&mut s, &mut f);
+        drain(&mut rx);
+    }
+    assert!(s.sets.len() <= 64 + 4, "{} sets", s.sets.len());
+    // a set a waiting sequence was made under keeps its id however many new sets come
+    let _waiting = submit_with(&mut s, &p, set("kept.gguf", 1.0));
+    let kept_id = s.intern(set("kept.gguf", 1.0));
+    for i in 0..200 {
+        s.intern(set("b.gguf", 1.0 + i as f32 / 1000.0));
+    }
+    assert_eq!(s.sets[kept_id as usize], set("kept.gguf", 1.0));
+    // and answers are still each set's own
+    let mut rx = submit_with(&mut s, &p, set("a.gguf", 3.0));
+    run(&mut s, &mut f);
+    assert_eq!(drain(&mut rx).0, alone(&p, set("a.gguf", 3.0)));
+}
