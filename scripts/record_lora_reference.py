@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 import xllamacpp as xlc
+from record_reference import params
 
 MAX_TOKENS = 24
 SCALES = [1.0, 0.5]
@@ -30,16 +31,8 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     subprocess.run([sys.executable, os.path.join(here, "test-lora.py"), model, lora, "--seed", "1"], check=True)
     sha = hashlib.sha256(open(lora, "rb").read()).hexdigest()
-    p = xlc.CommonParams()
-    p.model.path = model
-    p.n_ctx = 2048
-    p.n_parallel = 1
-    p.cpuparams.n_threads = 2
-    p.cpuparams_batch.n_threads = 2
-    # as in record_reference.py: plain attention, which both llama.cpp builds share
-    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    info = xlc.CommonAdapterLoraInfo(lora, 1.0)
-    p.lora_adapters = [info]
+    p = params(model)
+    p.lora_adapters = [xlc.CommonAdapterLoraInfo(lora, 1.0)]
     s = xlc.Server(p)
     out = {"source": f"xllamacpp {xlc.__version__}", "adapter": "scripts/test-lora.py MODEL OUT --seed 1",
            "adapter_sha256": sha, "max_tokens": MAX_TOKENS, "cases": []}

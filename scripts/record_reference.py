@@ -34,8 +34,8 @@ def tokens_of(resp):
     return [c["id"] for c in resp["choices"][0]["logprobs"]["content"]]
 
 
-def main():
-    model = sys.argv[1]
+def params(model):
+    """llama.cpp's server settings of the reference runs: batch 1, 2 threads, plain attention."""
     p = xlc.CommonParams()
     p.model.path = model
     p.n_ctx = 2048
@@ -44,7 +44,12 @@ def main():
     p.cpuparams_batch.n_threads = 2
     # abserve runs attention without flash attention by default (f32, batch-independent)
     p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    s = xlc.Server(p)
+    return p
+
+
+def main():
+    model = sys.argv[1]
+    s = xlc.Server(params(model))
     out = {"source": f"xllamacpp {xlc.__version__}", "max_tokens": MAX_TOKENS, "completions": [], "chats": []}
     for prompt in COMPLETIONS:
         r = s.handle_completions(

@@ -165,10 +165,10 @@ impl AdapterBudget {
             dir: dir.map(absolute),
             admitted: Mutex::new(BTreeMap::new()),
         };
-        let all = preloaded.iter().map(|p| (absolute(p), 1.0));
         // one at a time: a set holds at most MAX_ADAPTERS_PER_SET
-        for (i, a) in all.enumerate() {
-            b.admit(&AdapterSet::new([a], "--lora")?, &format!("--lora[{i}]"))?;
+        for (i, p) in b.preloaded.iter().enumerate() {
+            let set = AdapterSet::new([(p.clone(), 1.0)], "--lora")?;
+            b.admit(&set, &format!("--lora[{i}]"))?;
         }
         Ok(b)
     }
@@ -177,8 +177,9 @@ impl AdapterBudget {
     /// adapter folder (relative paths are taken inside it); anything else is refused.
     pub fn resolve(&self, path: &str, field: &str) -> Result<PathBuf, PrepareError> {
         let given = Path::new(path);
-        if let Some(p) = self.preloaded.iter().find(|p| absolute(given) == **p) {
-            return Ok(p.clone());
+        let resolved = absolute(given);
+        if self.preloaded.contains(&resolved) {
+            return Ok(resolved);
         }
         if let Some(dir) = &self.dir {
             let p = if given.is_absolute() {

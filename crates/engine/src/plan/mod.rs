@@ -528,13 +528,7 @@ mod tests {
     fn kv_cells_never_exceed_usable() {
         for budget in [200u64 << 20, 1 << 30, 8 << 30] {
             let mut r = req(100 << 20, budget);
-            r.shape.n_layer = 30;
-            r.shape.n_head_kv = 3;
-            r.shape.head_dim_k = 64;
-            r.shape.head_dim_v = 64;
-            r.shape.n_vocab = 49152;
-            r.shape.n_embd = 576;
-            r.shape.n_head = 9;
+            r.shape = super::split::tests::smollm2_shape();
             let p = MemoryPlan::new(&r);
             for fa in [false, true] {
                 r.flash_attention = fa;
@@ -554,16 +548,7 @@ mod tests {
     fn split_streams_give_every_slot_a_fixed_padded_stream() {
         let small = |budget: u64, context: u64, slots: u64| {
             let mut r = req(100 << 20, budget);
-            r.shape = ModelShape {
-                n_layer: 30,
-                n_head: 9,
-                n_head_kv: 3,
-                n_embd: 576,
-                head_dim_k: 64,
-                head_dim_v: 64,
-                n_vocab: 49152,
-                n_ctx_train: 8192,
-            };
+            r.shape = super::split::tests::smollm2_shape();
             r.kv_unified = false;
             r.flash_attention = true;
             r.context = context;

@@ -193,10 +193,24 @@ fn cells_within(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::gguf::ModelShape;
     use crate::plan::{KvType, MemoryPlan};
+
+    /// The default model's shape (SmolLM2-135M), for the plan's tests.
+    pub(in crate::plan) fn smollm2_shape() -> ModelShape {
+        ModelShape {
+            n_layer: 30,
+            n_head: 9,
+            n_head_kv: 3,
+            n_embd: 576,
+            head_dim_k: 64,
+            head_dim_v: 64,
+            n_vocab: 49152,
+            n_ctx_train: 8192,
+        }
+    }
 
     /// The default model's shape, `layers` of its 30 offloaded, `adapters` bytes of LoRA tensors.
     fn plan(layers: u64, adapters: u64) -> MemoryPlan {
@@ -204,16 +218,7 @@ mod tests {
         MemoryPlan::new(&PlanRequest {
             weights_bytes: weights,
             adapter_bytes: adapters,
-            shape: ModelShape {
-                n_layer: 30,
-                n_head: 9,
-                n_head_kv: 3,
-                n_embd: 576,
-                head_dim_k: 64,
-                head_dim_v: 64,
-                n_vocab: 49152,
-                n_ctx_train: 8192,
-            },
+            shape: smollm2_shape(),
             kv_type: KvType::F16,
             memory_total: 8 << 30,
             budget: Budget::Bytes(2 << 30),
