@@ -43,6 +43,9 @@ pub struct Variant {
     /// LoRA adapters of the shared model this variant generates with (GGUF LoRA files and
     /// scales: `adapters = [{ path = "…", scale = 1.0 }]`).
     pub adapters: Option<Vec<abserve_protocol::Adapter>>,
+    /// The id of the model this variant generates with, on a server of several models
+    /// (`--model ID=FILE`); none: the default (first) model.
+    pub model: Option<String>,
 }
 
 fn one() -> f64 {

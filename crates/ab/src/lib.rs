@@ -44,8 +44,8 @@ pub use stats::{
     from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary,
 };
 pub use store::{
-    url_without_password, Adjusted, Database, Exposure, HistoryPoint, Location, MetricResult,
-    OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError,
-    VariantResult, ALPHA, CHANNEL,
+    url_without_password, Adjusted, Analysis, Database, Exposure, HistoryPoint, Location,
+    MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition,
+    StoreError, VariantResult, ALPHA, CHANNEL,
 };
 pub use variant::VariantError;

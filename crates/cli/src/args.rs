@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use abserve_engine::models::ModelConfig;
 use abserve_engine::plan::{Budget, KvType};
 use abserve_engine::{DeviceHandle, EngineConfig, GpuLayers};
 use clap::Args;
@@ -10,9 +11,11 @@ pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file.
+    /// GGUF model file, or `ID=FILE` to name it. `serve` and `plan` take several (repeat the
+    /// flag): each is loaded once, requests and variants name one by its id, the first is the
+    /// default, and the memory budget is divided between them (docs/adapters.md).
     #[arg(long, env = "ABSERVE_MODEL", default_value = DEFAULT_MODEL)]
-    pub model: PathBuf,
+    pub model: Vec<String>,
     /// Host memory budget: bytes (`2GiB`, `512MB`) or a share of available memory (`50%`)
     /// [default: 2GiB].
     #[arg(long, value_parser = parse_budget)]
@@ -100,7 +103,51 @@ pub fn parse_budget(s: &str) -> Result<Budget, String> {
 }
 
 impl ModelArgs {
+    /// The one model of a command that runs one (`generate`).
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+        let mut models = self.model_configs()?;
+        if models.len() > 1 {
+            anyhow::bail!(
+                "this command runs one model; several --model flags are for serve, plan, eval and worker"
+            );
+        }
+        Ok(models.remove(0).config)
+    }
+
+    /// Every `--model`, by id, with the memory budget divided between them (`models.rs`):
+    /// each model's budget and device budget are its share, in bytes.
+    pub fn model_configs(&self) -> anyhow::Result<Vec<ModelConfig>> {
+        let mut models = self.models_sharing(|_| Ok(()))?;
+        if models.len() > 1 {
+            abserve_engine::models::divide_budget(&mut models)?;
+        }
+        Ok(models)
+    }
+
+    /// Every `--model`, by id, each still with the whole budget (`adjust` may change the
+    /// settings they share first: `plan`'s hypothetical device).
+    pub fn models_sharing(
+        &self,
+        adjust: impl FnOnce(&mut EngineConfig) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Vec<ModelConfig>> {
+        let mut base = self.base_config()?;
+        adjust(&mut base)?;
+        let mut models = self
+            .model
+            .iter()
+            .map(|spec| ModelConfig::parse(spec, &base).map_err(|e| anyhow::anyhow!(e)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // adapters are tensors of one base model's weights: they belong to the first
+        for m in models.iter_mut().skip(1) {
+            m.config.adapters.clear();
+            m.config.adapter_dir = None;
+            m.config.adapter_memory = 0;
+        }
+        Ok(models)
+    }
+
+    /// The settings every model shares (everything but its file).
+    fn base_config(&self) -> anyhow::Result<EngineConfig> {
         if !(0.0..90.0).contains(&self.margin) {
             anyhow::bail!(
                 "--margin must be between 0 and 90 percent, got {}",
@@ -119,7 +166,7 @@ impl ModelArgs {
         if !(32..=8192).contains(&self.batch) {
             anyhow::bail!("--batch must be between 32 and 8192, got {}", self.batch);
         }
-        let mut c = EngineConfig::new(&self.model);
+        let mut c = EngineConfig::new(DEFAULT_MODEL);
         c.budget = self.memory_budget.unwrap_or(Budget::Bytes(2 << 30));
         c.margin = self.margin / 100.0;
         c.context = self.context;

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use abserve_engine::Engine;
 use abserve_eval::{
     summarize_run, table, Dataset, EvalConfig, Http, Options, QueueSpec, RunFacts, ScorerKind,
     Source, Target,
@@ -72,6 +71,9 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     }
     if a.jobs == 0 || a.concurrency == Some(0) {
         anyhow::bail!("-j and --concurrency must be at least 1");
+    }
+    if a.url.is_none() && a.amqp.is_none() {
+        models_named(&a, &cfg)?;
     }
     let key = std::env::var(&a.api_key_env).ok().filter(|k| !k.is_empty());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -175,6 +177,22 @@ fn report(
     Ok(())
 }
 
+/// In process: every model a variant names must be one of the `--model` flags (checked before
+/// any model loads).
+fn models_named(a: &EvalArgs, cfg: &EvalConfig) -> anyhow::Result<()> {
+    let ids: Vec<String> = a.model.model_configs()?.into_iter().map(|m| m.id).collect();
+    for v in &cfg.experiment.variants {
+        if let Some(m) = v.model.as_ref().filter(|m| !ids.contains(m)) {
+            anyhow::bail!(
+                "variant '{}' names the model '{m}', and this eval runs {} in process (add --model {m}=FILE)",
+                v.id,
+                ids.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Where the answers come from: a URL, workers of a queue, or an engine in this process.
 async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
     Ok(match (&a.url, &a.amqp) {
@@ -187,9 +205,12 @@ async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
             prefetch: 64,
         }),
         (None, None) => {
-            let engine_cfg = a.model.engine_config()?;
-            let engine = tokio::task::spawn_blocking(move || Engine::start(engine_cfg)).await??;
-            Source::Target(Arc::new(Target::Engine(Arc::new(engine))))
+            let models = a.model.model_configs()?;
+            let engines =
+                tokio::task::spawn_blocking(move || abserve_engine::models::start_all(models))
+                    .await??;
+            let engines = abserve_engine::call::Engines::new(engines);
+            Source::Target(Arc::new(Target::Engine(Arc::new(engines))))
         }
     })
 }

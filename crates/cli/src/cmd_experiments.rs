@@ -28,6 +28,10 @@ pub enum ExperimentsCommand {
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Automatic metrics (latency, tokens, errors) one observation per request instead of
+        /// per unit (units are what is randomised: the per-unit analysis is the default).
+        #[arg(long)]
+        per_request: bool,
     },
 }
 
@@ -57,12 +61,21 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
                 println!("{:<24} {:?} variants: {}", e.name, e.status, ids.join(", "));
             }
         }
-        ExperimentsCommand::Results { name, json } => {
+        ExperimentsCommand::Results {
+            name,
+            json,
+            per_request,
+        } => {
             let e = store
                 .experiment(&name)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no experiment named '{name}'"))?;
-            let r = store.results(&e).await?;
+            let analysis = if per_request {
+                abserve_ab::Analysis::Request
+            } else {
+                abserve_ab::Analysis::Unit
+            };
+            let r = store.results_by(&e, analysis).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
                 return Ok(());
@@ -81,9 +94,13 @@ pub fn table(r: &abserve_ab::Results) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "experiment {} (control: {}); {:.0}% intervals; sequential tuning {} units; {} comparisons",
+        "experiment {} (control: {}); one observation per {}; {:.0}% intervals; sequential tuning {} units; {} comparisons",
         r.experiment,
         r.control,
+        match r.analysis {
+            abserve_ab::Analysis::Unit => "unit",
+            abserve_ab::Analysis::Request => "request",
+        },
         (1.0 - r.alpha) * 100.0,
         r.sequential_tuning,
         r.comparisons

@@ -73,12 +73,17 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let mut cfg = a.model.engine_config()?;
-    cfg.admission_control = !a.unsafe_no_admission_control;
-    // the queue bound is resolved against the plan's slots when the engine starts (planned once)
-    cfg.max_queue = a
-        .max_queue
-        .map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
+    let mut models = a.model.model_configs()?;
+    for m in &mut models {
+        m.config.admission_control = !a.unsafe_no_admission_control;
+        // the queue bound is resolved against the plan's slots when the engine starts
+        m.config.max_queue = a
+            .max_queue
+            .map_or(QueueLimit::PerSlot(2), QueueLimit::Fixed);
+    }
+    if let Some(id) = &a.model_id {
+        models[0].id = id.clone();
+    }
     for (name, v) in [
         ("--queue-timeout", a.queue_timeout),
         ("--drain-timeout", a.drain_timeout),
@@ -89,12 +94,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
         }
     }
-    let model_id = a.model_id.clone().unwrap_or_else(|| {
-        cfg.model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "default".into())
-    });
     // a bad experiments file or an unreachable store is an error before any model work
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -107,9 +106,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         a.keep_stored_experiments,
         poll,
     ))?;
-    let (engine, metrics) = abserve_server::start_engine(cfg)?;
+    let (engines, metrics) = abserve_server::start_models(models)?;
+    let all: Vec<(&str, &dyn abserve_server::EngineApi)> = engines
+        .iter()
+        .map(|(id, e)| (id.as_str(), e as &dyn abserve_server::EngineApi))
+        .collect();
+    ab.check(&all)?;
+    let (model_id, engine) = engines[0].clone();
     let context = engine.plan().context as usize;
-    ab.check(&engine, context as u64)?;
     let config = ServerConfig {
         model_id,
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),
@@ -121,7 +125,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_secs_f64(a.header_read_timeout),
         cors_origins: a.cors_origins.clone(),
     };
-    let state = AppState::new(engine, metrics, config, Some(ab));
+    let others = abserve_server::other_models(&engines);
+    let state = AppState::with_models(engine, others, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
     rt.block_on(abserve_server::serve(
         state.clone(),

@@ -55,24 +55,24 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         Some(addr) => Some(rt.block_on(tokio::net::TcpListener::bind(addr))?),
         None => None,
     };
-    let cfg = a.model.engine_config()?;
-    let model_id = cfg
-        .model
-        .file_stem()
-        .map_or_else(|| "default".into(), |s| s.to_string_lossy().into_owned());
-    let (engine, metrics) = abserve_server::start_engine(cfg)?;
-    let engine = Arc::new(engine);
-    let plan = engine.plan().clone();
-    eprintln!(
-        "worker: model loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
-        plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
-    );
+    let (engines, metrics) = abserve_server::start_models(a.model.model_configs()?)?;
+    let (model_id, engine) = engines[0].clone();
+    for (id, e) in &engines {
+        let plan = e.plan();
+        eprintln!(
+            "worker: model '{id}' loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
+            plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
+        );
+    }
+    let others = abserve_server::other_models(&engines);
+    let engines = Arc::new(abserve_engine::call::Engines::new(engines));
+    let slots = engines.seq_slots();
     let tally = Arc::new(Tally::default());
     let ops = match listener {
         Some(listener) => {
             export_tally(&metrics, tally.clone())?;
             let config = ServerConfig::operations(model_id);
-            let state = AppState::new(engine.clone(), metrics, config, None);
+            let state = AppState::with_models(engine.clone(), others, metrics, config, None);
             eprintln!(
                 "worker: /health, /ready and /metrics on http://{}",
                 listener.local_addr()?
@@ -100,8 +100,8 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     let worked = rt.block_on(worker::work(
-        engine,
-        plan.seq_slots.min(u16::MAX as u64) as u16,
+        engines,
+        slots.min(u16::MAX as u64) as u16,
         opts,
         tally.clone(),
         stop,

@@ -7,8 +7,10 @@ mod cmd_experiments;
 mod cmd_generate;
 mod cmd_loadtest;
 mod cmd_plan;
+mod cmd_plan_models;
 mod cmd_serve;
 mod cmd_worker;
+mod plan_table;
 
 use clap::{Parser, Subcommand};
 

@@ -116,7 +116,7 @@ pub fn adapter_set(
     let Some(budget) = budget else {
         return Err(PrepareError::new(
             "adapters",
-            "this server has no LoRA adapters (start it with --lora or --adapter-dir)",
+            "this model has no LoRA adapters (a server loads them for its first --model, with --lora or --adapter-dir)",
         ));
     };
     let mut items = Vec::new();

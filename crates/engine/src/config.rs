@@ -246,6 +246,9 @@ pub enum EngineError {
     Thread(String),
     #[error("adapter: {0}")]
     Adapter(String),
+    /// Several models whose budget shares do not fit (`models.rs`), with every number.
+    #[error("{0}")]
+    Models(String),
     #[error("--context {context} is longer than the model's training context of {train} tokens")]
     ContextTooLong { context: u64, train: u64 },
 }

@@ -13,6 +13,7 @@
 //!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
 //! - [`call`]: an eval call (messages and sampling) run to the end on this engine, as eval in
 //!   process and `abserve worker` run them;
+//! - [`models`]: several base models in one process, one budget divided between them;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
 pub mod adapters;
@@ -26,6 +27,7 @@ mod engine_loop;
 pub mod grammar;
 mod invalid;
 mod llama;
+pub mod models;
 pub mod prepare;
 mod request;
 mod sampler;

@@ -35,6 +35,7 @@ pub fn question(prompt: &str, row: &Row, a: &str, b: &str) -> Result<Call, Score
             ..Default::default()
         },
         structure: Default::default(),
+        model: None,
     })
 }
 

@@ -26,6 +26,7 @@ pub fn call_for(v: &Variant, row: &Row) -> Result<Call, VariantError> {
         messages,
         sampling,
         structure: v.structure(),
+        model: v.model.clone(),
     })
 }
 

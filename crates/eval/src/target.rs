@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abserve_engine::prepare::sampling_params;
-use abserve_engine::Engine;
 pub use abserve_protocol::calls::{Call, CallError, Generation, DEFAULT_MAX_TOKENS};
 use abserve_protocol::wire::{ChatRequest, Common, Message};
 use abserve_protocol::{names, ClientError};
@@ -20,7 +19,7 @@ pub struct Http {
 }
 
 pub enum Target {
-    Engine(Arc<Engine>),
+    Engine(Arc<abserve_engine::call::Engines>),
     Http(Http),
 }
 
@@ -55,7 +54,7 @@ impl Http {
             .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
         let body = ChatRequest {
             common: Common {
-                model: Some(self.model.clone()),
+                model: Some(call.model.clone().unwrap_or_else(|| self.model.clone())),
                 sampling: call.sampling.clone(),
                 structure: call.structure.clone(),
                 ..Default::default()
@@ -117,7 +116,7 @@ impl Target {
     pub async fn capacity(&self, fallback: usize) -> Capacity {
         match self {
             Target::Engine(e) => Capacity {
-                concurrency: e.plan().seq_slots.max(1) as usize,
+                concurrency: e.seq_slots().max(1) as usize,
                 source: "memory plan".into(),
                 abserve: true,
             },
@@ -157,7 +156,13 @@ impl Target {
 
     pub fn describe(&self) -> String {
         match self {
-            Target::Engine(e) => format!("in-process engine ({})", e.model_path().display()),
+            Target::Engine(e) => {
+                let models: Vec<String> = e
+                    .iter()
+                    .map(|(id, e)| format!("{id}: {}", e.model_path().display()))
+                    .collect();
+                format!("in-process engine ({})", models.join(", "))
+            }
             Target::Http(h) => format!("{} (model '{}')", h.api.base(), h.model),
         }
     }

@@ -64,6 +64,9 @@ pub struct Ready {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FanoutResult {
     pub variant: String,
+    /// The id of the model that answered (the variant's `model`, else the default model).
+    #[serde(default)]
+    pub model: String,
     pub output: Option<String>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,

@@ -22,6 +22,10 @@ pub struct Call {
     /// `response_format` and tools (the variant's).
     #[serde(flatten)]
     pub structure: Structure,
+    /// The model to call, by id, when the variant names one (`model = "ID"`); none: the
+    /// target's model. An engine in process serves one model and refuses a named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// The text eval scores for an answer that called tools, the same on every target: its calls as

@@ -88,4 +88,14 @@ pub const WORKER_JOBS_IN_HAND: &str = "abserve_worker_jobs_in_hand";
 pub const WORKER_JOB_SECONDS: &str = "abserve_worker_job_seconds_total";
 
 /// Every series of an abserve server starts with this.
+/// Per model (`model` label; every model of a server, the default too): its plan and its
+/// engine's KV, queue and tokens.
+pub const MODEL_BUDGET: &str = "abserve_model_budget_bytes";
+pub const MODEL_PLANNED: &str = "abserve_model_planned_bytes";
+pub const MODEL_KV_CELLS: &str = "abserve_model_kv_cells";
+pub const MODEL_KV_CELLS_USED: &str = "abserve_model_kv_cells_used";
+pub const MODEL_RUNNING: &str = "abserve_model_requests_running";
+pub const MODEL_WAITING: &str = "abserve_model_requests_waiting";
+pub const MODEL_PROMPT_TOKENS: &str = "abserve_model_prompt_tokens_total";
+pub const MODEL_GENERATED_TOKENS: &str = "abserve_model_generated_tokens_total";
 pub const PREFIX: &str = "abserve_";

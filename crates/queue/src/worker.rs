@@ -24,7 +24,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 
-use abserve_engine::Engine;
+use abserve_engine::call::Engines;
 use abserve_protocol::calls::CallError;
 use abserve_protocol::jobs::{Job, JobResult};
 
@@ -72,7 +72,7 @@ impl Drop for InHand {
 }
 
 struct Ctx {
-    engine: Arc<Engine>,
+    engines: Arc<Engines>,
     publish: Channel,
     queues: Queues,
     max_failures: u32,
@@ -113,7 +113,7 @@ async fn take(ctx: Arc<Ctx>, d: Delivery) -> Result<(), QueueError> {
 /// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
 /// jobs in hand (acking each) and returns.
 pub async fn work(
-    engine: Arc<Engine>,
+    engines: Arc<Engines>,
     slots: u16,
     opts: Options,
     tally: Arc<Tally>,
@@ -141,12 +141,12 @@ pub async fn work(
         .await
         .map_err(amqp("consuming"))?;
     tracing::info!(
-        "worker {worker}: consuming '{}' with a prefetch of {} (the plan's sequence slots)",
+        "worker {worker}: consuming '{}' with a prefetch of {} (the plans' sequence slots)",
         queues.jobs,
         slots.max(1)
     );
     let ctx = Arc::new(Ctx {
-        engine,
+        engines,
         publish,
         queues,
         max_failures: opts.max_failures.max(1),
@@ -198,7 +198,7 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), QueueError> {
         }
     };
     let answer = loop {
-        match abserve_engine::call::chat(&ctx.engine, &job.call).await {
+        match abserve_engine::call::chat(&ctx.engines, &job.call).await {
             // the prefetch keeps the engine from filling up; another caller may still have
             Err(CallError::Overloaded { .. }) => {
                 tokio::time::sleep(Duration::from_millis(100)).await

@@ -234,11 +234,16 @@ function metricSection(r, metric) {
   return h('div', { id: 'metric' }, h('div', { class: 'scroll' }, summary), h('div', { class: 'compares' }, cards));
 }
 
-// What a variant runs under besides the model: its LoRA adapters, file names with scales.
-function adapterNote(v) {
-  if (!v.adapters || !v.adapters.length) return null;
-  const names = v.adapters.map((a) => a.path.split('/').pop() + (a.scale === 1 ? '' : ' ×' + a.scale));
-  return h('span', { class: 'muted adapters' }, ' (adapters: ' + names.join(', ') + ')');
+// What a variant runs under besides the default model: another model (by id), its LoRA
+// adapters (file names with scales).
+function variantNote(v) {
+  const notes = [];
+  if (v.model) notes.push(h('span', { class: 'muted model' }, ' (model: ' + v.model + ')'));
+  if (v.adapters && v.adapters.length) {
+    const names = v.adapters.map((a) => a.path.split('/').pop() + (a.scale === 1 ? '' : ' ×' + a.scale));
+    notes.push(h('span', { class: 'muted adapters' }, ' (adapters: ' + names.join(', ') + ')'));
+  }
+  return notes.length ? notes : null;
 }
 
 function performanceTable(r) {
@@ -247,7 +252,7 @@ function performanceTable(r) {
     h('thead', {}, h('tr', {}, ['Variant', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Error rate']
       .map((t, i) => h('th', { class: i ? 'num' : null }, t)))),
     h('tbody', {}, r.variants.map((v) => h('tr', { 'data-variant': v.id },
-      h('td', {}, v.id, adapterNote(v)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
+      h('td', {}, v.id, variantNote(v)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
       cell('ttft', mean(v, 'ttft_ms')), cell('tokens', mean(v, 'output_tokens')), cell('errors', mean(v, 'error'), (x) => pct(x))))));
 }
 
@@ -354,7 +359,9 @@ async function experimentPage(name) {
   main().replaceChildren(
     h('h1', {}, name, ' ', h('span', { class: 'badge ' + e.status, id: 'status' }, e.status)),
     h('div', { class: 'card' }, actions, srm,
-      h('p', { class: 'muted' }, 'Control: ' + r.control + '. Intervals at ' + pct(1 - r.alpha, 3) + '. Sequential intervals stay valid however often you look (tuning: ' + r.sequential_tuning + ' units). ' +
+      h('p', { class: 'muted', id: 'analysis' }, 'Control: ' + r.control + '. One observation per ' + (r.analysis || 'unit') +
+        (r.analysis === 'request' ? ' (requests of one unit are not independent: read with care)' : ' (a unit\'s latency, tokens and errors are the mean over its requests)') +
+        '. Intervals at ' + pct(1 - r.alpha, 3) + '. Sequential intervals stay valid however often you look (tuning: ' + r.sequential_tuning + ' units). ' +
         (r.comparisons > 1 ? r.comparisons + ' comparisons: Holm and Benjamini–Hochberg adjusted p-values are shown.' : ''))),
     h('div', { class: 'card' }, h('h2', {}, 'Metric ', metricSelect), metricSection(r, metric),
       h('p', { class: 'muted' }, 'Chance to beat control, uplift and risk assume higher is better; for latency, errors or cost read them the other way.')),

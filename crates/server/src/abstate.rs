@@ -97,15 +97,25 @@ impl AbState {
     }
 
     /// Checks every stored experiment's variants by the API's rules (a file or an older
-    /// version may hold settings the API refuses), for the context the engine serves.
+    /// version may hold settings the API refuses), each on the model it names: `models` are
+    /// the served models by id, the default first.
     pub fn check(
         &self,
-        tok: &dyn abserve_engine::prepare::Tokenizer,
-        context: u64,
+        models: &[(&str, &dyn crate::engine_api::EngineApi)],
     ) -> anyhow::Result<()> {
         for e in self.list() {
             for v in &e.variants {
-                crate::validate::variant(v, tok, context).map_err(|err| {
+                let engine = match &v.model {
+                    None => models[0].1,
+                    Some(m) => models.iter().find(|(id, _)| id == m).map(|(_, e)| *e).ok_or_else(|| {
+                        let ids: Vec<&str> = models.iter().map(|(id, _)| *id).collect();
+                        anyhow::anyhow!(
+                            "experiment '{}': variant '{}' names the model '{m}', which this server does not serve (it serves {})",
+                            e.name, v.id, ids.join(", ")
+                        )
+                    })?,
+                };
+                crate::validate::variant(v, engine, engine.plan().context).map_err(|err| {
                     anyhow::anyhow!(
                         "experiment '{}': {}: {}",
                         e.name,

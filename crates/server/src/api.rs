@@ -23,16 +23,17 @@ use crate::state::{AppState, GroupOf};
 use crate::valid::{Kind, Routed, ValidRequest};
 use crate::validate::parse_openai;
 
-fn check_model(state: &AppState, model: &Option<String>) -> Result<String, ApiError> {
-    match model {
-        None => Err(ApiError::invalid_param(
+/// The model a request names: its id as answers carry it, and its index (`AppState::model_index`).
+fn check_model(state: &AppState, model: &Option<String>) -> Result<(String, usize), ApiError> {
+    let Some(m) = model else {
+        return Err(ApiError::invalid_param(
             "model",
             "you must provide a model parameter",
-        )),
-        Some(m) if m == &state.config.model_id || m == "default" => {
-            Ok(state.config.model_id.clone())
-        }
-        Some(m) => Err(ApiError::model_not_found(m)),
+        ));
+    };
+    match state.model_index(m) {
+        Some(i) => Ok((state.model_ids()[i].clone(), i)),
+        None => Err(ApiError::model_not_found(m)),
     }
 }
 
@@ -97,28 +98,33 @@ fn chat_request(
     let n = n_choices(req.common.n)?;
     let (mut sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
     let mut structure = req.common.structure.clone();
-    let (model, routed) = match experiment_name(&req.common.model) {
+    let (model, model_index, routed) = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers)?;
             (messages, sampling) = v
                 .apply(&messages, &sampling)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             structure = structure.overlaid(&v.structure());
-            (format!("experiment:{name}"), Some(routed))
+            let i = state.variant_model(&v)?;
+            (format!("experiment:{name}"), i, Some(routed))
         }
-        None => (check_model(state, &req.common.model)?, None),
+        None => {
+            let (id, i) = check_model(state, &req.common.model)?;
+            (id, i, None)
+        }
     };
     let p = prepare(
-        &*state.engine,
+        state.engine_at(model_index),
         Input::Chat(&messages),
         &sampling,
         &structure,
         &options,
-        state.limits(),
+        state.limits(model_index),
     )?;
     Ok(ValidRequest {
         seqs: vec![p; n],
         model,
+        model_index,
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
         return_token_ids: req.common.return_token_ids,
@@ -134,10 +140,14 @@ fn completion_request(
 ) -> Result<ValidRequest, ApiError> {
     let req: CompletionRequest = parse_openai(body)?;
     let n = n_choices(req.common.n)?;
-    let mut prompts = completion_prompts(&req, n, state.engine.n_vocab())?;
+    let (mut model, mut model_index) = (String::new(), 0);
+    if experiment_name(&req.common.model).is_none() {
+        (model, model_index) = check_model(state, &req.common.model)?;
+    }
+    let mut prompts = completion_prompts(&req, n, state.engine_at(model_index).n_vocab())?;
     let (mut sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);
     let mut structure = req.common.structure.clone();
-    let (model, routed) = match experiment_name(&req.common.model) {
+    let routed = match experiment_name(&req.common.model) {
         Some(name) => {
             let (v, routed) = route_experiment(state, name, &req.common, headers)?;
             let [PromptInput::Text(text)] = prompts.as_slice() else {
@@ -152,25 +162,28 @@ fn completion_request(
             prompts = vec![PromptInput::Text(text)];
             sampling = sampling.overlaid(&v.sampling());
             structure = structure.overlaid(&v.structure());
-            (format!("experiment:{name}"), Some(routed))
+            model = format!("experiment:{name}");
+            model_index = state.variant_model(&v)?;
+            Some(routed)
         }
-        None => (check_model(state, &req.common.model)?, None),
+        None => None,
     };
     let mut seqs = Vec::with_capacity(prompts.len() * n);
     for p in &prompts {
         let p = prepare(
-            &*state.engine,
+            state.engine_at(model_index),
             p.into(),
             &sampling,
             &structure,
             &options,
-            state.limits(),
+            state.limits(model_index),
         )?;
         seqs.extend(std::iter::repeat_n(p, n));
     }
     Ok(ValidRequest {
         seqs,
         model,
+        model_index,
         stream: req.common.stream,
         include_usage: req.common.include_usage(),
         return_token_ids: req.common.return_token_ids,
@@ -213,18 +226,23 @@ pub async fn completions(
     r.unwrap_or_else(|e| e.into_response())
 }
 
-/// The one model served.
+/// Every model served, the default first.
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let model = Model {
-        id: state.config.model_id.clone(),
-        object: "model".into(),
-        created: now_secs(),
-        owned_by: "abserve".into(),
-    };
+    let created = now_secs();
+    let data = state
+        .model_ids()
+        .into_iter()
+        .map(|id| Model {
+            id,
+            object: "model".into(),
+            created,
+            owned_by: "abserve".into(),
+        })
+        .collect();
     Json(ModelList {
         object: "list".into(),
-        data: vec![model],
+        data,
     })
     .into_response()
 }
@@ -255,7 +273,7 @@ async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, Ap
         Kind::Text => GroupOf::Completions,
     };
     let rxs = state
-        .admit_group(seqs, what)
+        .admit_group(req.model_index, seqs, what)
         .await?
         .into_iter()
         .map(|a| a.rx)

@@ -77,7 +77,8 @@ async fn parse_experiment(
             };
             e.validate().map_err(|e| ApiError::bad_request(e.0))?;
             for v in &e.variants {
-                crate::validate::variant(v, &*st.engine, st.engine.plan().context)?;
+                let engine = st.engine_at(st.variant_model(v)?);
+                crate::validate::variant(v, engine, engine.plan().context)?;
             }
             Ok(e)
         })
@@ -244,15 +245,32 @@ pub async fn events(
     .into_response())
 }
 
-/// Per-variant results: units, exposures, metrics with confidence intervals, SRM check.
-#[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
+#[derive(Deserialize)]
+pub struct ResultsQuery {
+    analysis: Option<String>,
+}
+
+/// Per-variant results: units, exposures, metrics with confidence intervals, SRM check; one
+/// observation per unit (`?analysis=request`: the automatic metrics per request, labelled so).
+#[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name"), ("analysis" = Option<String>, Query, description = "`unit` (default: every metric one value per unit) or `request` (automatic metrics one value per request)")), responses((status = 200, body = Object)))]
 pub async fn results(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,
+    axum::extract::Query(q): axum::extract::Query<ResultsQuery>,
 ) -> Result<Response, ApiError> {
+    let analysis = match q.analysis.as_deref() {
+        None | Some("unit") => abserve_ab::Analysis::Unit,
+        Some("request") => abserve_ab::Analysis::Request,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "analysis",
+                format!("analysis is `unit` or `request`, not '{other}'"),
+            ))
+        }
+    };
     let ab = ab(&state)?;
     let e = find(&state, &name)?;
-    let r = ab.store().results(&e).await?;
+    let r = ab.store().results_by(&e, analysis).await?;
     Ok(Json(r).into_response())
 }
 
@@ -328,9 +346,9 @@ pub async fn fanout(
     let (input, requests) = state
         .prepare(move |st| fanout_requests(st, &exp, &body))
         .await?;
-    let (requests, tools): (Vec<Request>, Vec<Option<ToolUse>>) = requests.into_iter().unzip();
-    // one group: every variant enters the queue, or none does
-    let admitted = state.admit_group(requests, GroupOf::Variants).await?;
+    let (requests, tools): (Vec<(usize, Request)>, Vec<Option<ToolUse>>) =
+        requests.into_iter().unzip();
+    let admitted = admit_by_model(&state, requests).await?;
     let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
     let outs =
         futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
@@ -349,7 +367,14 @@ pub async fn fanout(
         .iter()
         .zip(outs)
         .zip(&tools)
-        .map(|((v, o), t)| fanout_result(&state, &v.id, o, t.as_ref()))
+        .map(|((v, o), t)| {
+            let mut r = fanout_result(&state, &v.id, o, t.as_ref());
+            r.model = v
+                .model
+                .clone()
+                .unwrap_or_else(|| state.config.model_id.clone());
+            r
+        })
         .collect();
     // admission rank of each variant (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
@@ -365,6 +390,30 @@ pub async fn fanout(
     .into_response())
 }
 
+/// Admits a fan-out's requests, each on its variant's model: one group per model (all of its
+/// variants enter that model's queue, or none do). Variants on several models are admitted
+/// model by model; when one model refuses, the receivers already admitted are dropped, which
+/// cancels them. The answers come back in the requests' order.
+async fn admit_by_model(
+    state: &AppState,
+    requests: Vec<(usize, Request)>,
+) -> Result<Vec<crate::state::Admitted>, ApiError> {
+    let n = requests.len();
+    let mut by_model: std::collections::BTreeMap<usize, Vec<(usize, Request)>> = Default::default();
+    for (pos, (model, r)) in requests.into_iter().enumerate() {
+        by_model.entry(model).or_default().push((pos, r));
+    }
+    let mut slots: Vec<Option<crate::state::Admitted>> = (0..n).map(|_| None).collect();
+    for (model, group) in by_model {
+        let (positions, reqs): (Vec<usize>, Vec<Request>) = group.into_iter().unzip();
+        let admitted = state.admit_group(model, reqs, GroupOf::Variants).await?;
+        for (pos, a) in positions.into_iter().zip(admitted) {
+            slots[pos] = Some(a);
+        }
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
 /// The request of every variant of `exp` for a fan-out body, prepared as a chat request routed
 /// to that variant would be (an unset `max_tokens` is clamped to the room the context leaves),
 /// with the tools its answer is read for.
@@ -372,7 +421,7 @@ fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
-) -> Result<(String, Vec<(Request, Option<ToolUse>)>), ApiError> {
+) -> Result<(String, Vec<((usize, Request), Option<ToolUse>)>), ApiError> {
     let b: FanoutBody = crate::validate::parse_body(body)?;
     let defaults = Sampling {
         temperature: Some(1.0),
@@ -383,13 +432,14 @@ fn fanout_requests(
         let (msgs, sampling) = v
             .apply(&[ChatMessage::new("user", &b.input)], &defaults)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let model = st.variant_model(v)?;
         let p = prepare(
-            &*st.engine,
+            st.engine_at(model),
             Input::Chat(&msgs),
             &sampling,
             &v.structure(),
             &Options::new(256),
-            st.limits(),
+            st.limits(model),
         )?;
         let r = Request {
             prompt: p.prompt,
@@ -400,7 +450,7 @@ fn fanout_requests(
             constraint: p.constraint,
             adapters: p.adapters,
         };
-        requests.push((r, p.tools));
+        requests.push(((model, r), p.tools));
     }
     Ok((b.input, requests))
 }

@@ -16,20 +16,25 @@ use axum::Json;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Liveness: the engine thread is alive.
+/// Liveness: every model's engine thread is alive.
 #[utoipa::path(get, path = "/health", responses((status = 200, body = Health)))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.engine.is_alive() {
-        Json(Health {
+    let ids = state.model_ids();
+    match state.engines().zip(&ids).find(|(e, _)| !e.is_alive()) {
+        None => Json(Health {
             status: "ok".into(),
         })
-        .into_response()
-    } else {
-        let cause = state
-            .engine
-            .failure()
-            .map_or(String::new(), |c| format!(" ({c})"));
-        ApiError::unavailable(format!("The engine thread has stopped{cause}.")).into_response()
+        .into_response(),
+        Some((e, id)) => {
+            let cause = e.failure().map_or(String::new(), |c| format!(" ({c})"));
+            let whose = if ids.len() > 1 {
+                format!(" of model '{id}'")
+            } else {
+                String::new()
+            };
+            ApiError::unavailable(format!("The engine thread{whose} has stopped{cause}."))
+                .into_response()
+        }
     }
 }
 
@@ -37,38 +42,20 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     if state.is_shutting_down() {
         return Err("shutting down".into());
     }
-    if !state.engine.is_alive() {
-        return Err("engine thread has stopped".into());
-    }
     let t0 = Instant::now();
-    let prompt = abserve_engine::prepare::text_tokens(&*state.engine, "ready");
-    let req = Request {
-        prompt,
-        params: SamplingParams::greedy(1),
-        group: None,
-        priority: true,
-        kv_share: None,
-        constraint: None,
-        adapters: Default::default(),
-    };
-    let rx = state
-        .engine
-        .submit(req)
-        .map_err(|e| format!("probe not accepted: {e}"))?;
-    match tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        abserve_engine::collect(rx),
-    )
-    .await
-    {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(format!("probe generation failed: {e}")),
-        Err(_) => return Err("probe generation took longer than 30 s".into()),
+    // every model answers a real 1-token generation
+    for (i, id) in state.model_ids().iter().enumerate() {
+        probe_model(state.engine_at(i))
+            .await
+            .map_err(|e| format!("model '{id}': {e}"))?;
     }
     let latency = t0.elapsed();
     let plan = state.engine.plan();
     let rss = current_rss();
-    let limit = plan.budget_bytes;
+    // the models' budgets are shares of one budget (`models.rs`): the process is held to the sum
+    let limit: u64 = state.engines().map(|e| e.plan().budget_bytes).sum();
+    let planned: u64 = state.engines().map(|e| e.plan().planned_bytes).sum();
+    let margin: u64 = state.engines().map(|e| e.plan().margin_bytes).sum();
     let s = state.engine.stats();
     let body = Ready {
         status: "ready".into(),
@@ -76,9 +63,9 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
         probe_latency_ms: latency.as_secs_f64() * 1e3,
         memory: ReadyMemory {
             rss_bytes: rss,
-            budget_bytes: plan.budget_bytes,
-            planned_bytes: plan.planned_bytes,
-            margin_bytes: plan.margin_bytes,
+            budget_bytes: limit,
+            planned_bytes: planned,
+            margin_bytes: margin,
         },
         plan: ReadyPlan {
             kv_cells: plan.kv_cells,
@@ -111,6 +98,37 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     Ok(body)
 }
 
+/// One model's real 1-token generation through its scheduler's priority lane.
+async fn probe_model(engine: &dyn crate::engine_api::EngineApi) -> Result<(), String> {
+    if !engine.is_alive() {
+        return Err("engine thread has stopped".into());
+    }
+    let prompt = abserve_engine::prepare::text_tokens(engine, "ready");
+    let req = Request {
+        prompt,
+        params: SamplingParams::greedy(1),
+        group: None,
+        priority: true,
+        kv_share: None,
+        constraint: None,
+        adapters: Default::default(),
+    };
+    let rx = engine
+        .submit(req)
+        .map_err(|e| format!("probe not accepted: {e}"))?;
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        abserve_engine::collect(rx),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("probe generation failed: {e}")),
+        Err(_) => return Err("probe generation took longer than 30 s".into()),
+    }
+    Ok(())
+}
+
 /// The device's memory now and its plan, when layers are offloaded.
 fn device_state(state: &AppState) -> Option<ReadyDevice> {
     let (dev, plan) = (state.engine.device()?, state.engine.plan().device.as_ref()?);
@@ -121,9 +139,17 @@ fn device_state(state: &AppState) -> Option<ReadyDevice> {
         free_bytes: m.free_bytes,
         used_bytes: m.used_bytes(),
         used_before_bytes: plan.used_before_bytes,
-        budget_bytes: plan.budget_bytes,
-        planned_bytes: plan.planned_bytes,
+        // several models share the device's budget (`models.rs`): abserve is held to the sum
+        budget_bytes: device_sum(state, |d| d.budget_bytes),
+        planned_bytes: device_sum(state, |d| d.planned_bytes),
     })
+}
+
+fn device_sum(state: &AppState, part: fn(&abserve_engine::plan::DevicePlan) -> u64) -> u64 {
+    state
+        .engines()
+        .filter_map(|e| e.plan().device.as_ref().map(part))
+        .sum()
 }
 
 /// Readiness: a real 1-token generation ran and memory is within the plan.

@@ -3,7 +3,8 @@
 //!
 //! Request path: [`routes`](crate::routes) → validation (`validate`) → routing to an experiment's
 //! variant (`experiments`) → admission (`state`) → the engine → a whole or streamed response
-//! (`api`) → the exposure. See docs/architecture.md. The experiment dashboard (`dashboard`) is
+//! (`api`) → the exposure. A server may serve several models (`state::OtherModel`): a request or
+//! a variant names one, and its engine takes it. See docs/architecture.md. The experiment dashboard (`dashboard`) is
 //! served at `/` from assets embedded in the binary.
 
 mod abstate;
@@ -15,6 +16,7 @@ mod error;
 mod experiments;
 mod health;
 mod metrics;
+mod model_metrics;
 mod openapi;
 mod respond;
 mod routes;
@@ -34,5 +36,5 @@ pub use error::ApiError;
 pub use metrics::Metrics;
 pub use routes::{ops_router, router};
 pub use serve::{serve, serve_ops};
-pub use start::start_engine;
-pub use state::{AppState, ServerConfig};
+pub use start::{other_models, start_engine, start_models};
+pub use state::{AppState, OtherModel, ServerConfig};

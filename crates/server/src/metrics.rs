@@ -46,6 +46,8 @@ pub struct Metrics {
     prefix_restores: IntCounter,
     engine_faults: IntCounter,
     grammar: GrammarMetrics,
+    /// Per-model series (`model` label).
+    models: crate::model_metrics::ModelSeries,
     /// Run at every scrape before rendering: copy figures kept elsewhere (the worker's job
     /// counts) into collectors registered with [`Metrics::register`].
     hooks: std::sync::Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
@@ -319,6 +321,7 @@ impl Metrics {
             prefix_store_entries: reg.gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory")?,
             prefix_restores: reg.counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot")?,
             grammar: GrammarMetrics::new(&reg)?,
+            models: crate::model_metrics::ModelSeries::register(&registry)?,
             engine_faults: reg.counter(names::ENGINE_FAULTS, "Impossible engine states met (each failed one request) and engine panics caught (each failed every request in flight)")?,
             itl_held: reg.gauge(
                 names::REQUESTS_HELD_FOR_LATENCY,
@@ -353,6 +356,11 @@ impl Metrics {
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
             ]),
         )
+    }
+
+    /// Adds a model's series (label `model`): every model of a server, the default too.
+    pub fn add_model(&self, id: &str, engine: &abserve_engine::Engine) {
+        self.models.add(id, engine.plan(), engine.stats_handle());
     }
 
     /// Adds the collector of another part of the process (the worker's job counters).
@@ -403,6 +411,7 @@ impl Metrics {
         bump(&self.prefix_restores, s.prefix_restores);
         bump(&self.engine_faults, s.faults);
         self.grammar.copy(&s);
+        self.models.copy();
         // experiment names are defined by the operator, so this label stays bounded
         for (name, now, peak) in self.stats.groups() {
             self.experiment_kv

@@ -70,8 +70,8 @@ fn observe(state: &AppState, d: &Completion) {
 }
 
 /// Log-probabilities in the endpoint's shape.
-fn logprobs(state: &AppState, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
-    let e = &state.engine;
+fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
+    let e = state.engine_at(model);
     match kind {
         Kind::Chat => {
             let top = |t: i32, logprob: f32| {
@@ -182,7 +182,7 @@ pub(crate) async fn collect_response(
         completion_tokens += d.completion_tokens;
         let mut choice = Choice {
             index: i as u32,
-            logprobs: want_lp.then(|| logprobs(&state, req.kind, &c.logprobs)),
+            logprobs: want_lp.then(|| logprobs(&state, req.model_index, req.kind, &c.logprobs)),
             prompt_token_ids: req.return_token_ids.then(|| req.seqs[i].prompt.clone()),
             ..Default::default()
         };
@@ -222,6 +222,8 @@ pub(crate) async fn collect_response(
 struct Chunker {
     template: Chunk,
     kind: Kind,
+    /// The model whose tokens these are (`AppState::model_index`).
+    model: usize,
     want_lp: bool,
     state: Arc<AppState>,
     /// Per choice with tools, its calls as they are written (`tool_calls.rs`) and its
@@ -280,7 +282,7 @@ impl Chunker {
                 let mut c = self.choice(i, Some(text));
                 if self.want_lp {
                     let l: Vec<TokenLogprob> = logprob.into_iter().collect();
-                    c.logprobs = Some(logprobs(&self.state, self.kind, &l));
+                    c.logprobs = Some(logprobs(&self.state, self.model, self.kind, &l));
                 }
                 Some(Piece::Chunk(self.chunk(vec![c])))
             }
@@ -316,7 +318,7 @@ impl Chunker {
                     choices.into_iter().map(|c| self.chunk(vec![c])).collect();
                 if self.want_lp {
                     if let Some(c) = chunks.first_mut().and_then(|c| c.choices.first_mut()) {
-                        c.logprobs = Some(logprobs(&self.state, self.kind, lps));
+                        c.logprobs = Some(logprobs(&self.state, self.model, self.kind, lps));
                     }
                 }
                 Some(Piece::Last(chunks, d))
@@ -392,6 +394,7 @@ pub(crate) fn stream_response(
     let chunker = Chunker {
         template,
         kind: req.kind,
+        model: req.model_index,
         want_lp: req.logprobs(),
         state: state.clone(),
         tools: Arc::new(Mutex::new(

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use abserve_engine::models::ModelConfig;
 use abserve_engine::{Engine, EngineConfig};
 
 use crate::metrics::Metrics;
-use crate::state::ServerConfig;
+use crate::state::{OtherModel, ServerConfig};
 
 /// Plans, loads the model once and starts the engine thread, with every engine step observed
 /// by the metrics' step histogram.
@@ -27,6 +28,41 @@ pub fn start_engine(cfg: EngineConfig) -> anyhow::Result<(Engine, Arc<Metrics>)>
         engine.device(),
     )?;
     Ok((engine, metrics))
+}
+
+/// Starts every model of a process (`--model ID=FILE`, repeated): all their plans are checked
+/// before the first loads (`models.rs`), then each is loaded once, the first with the metrics'
+/// step histogram; every model gets its `model`-labelled series. Answers the engines by id,
+/// the default first, and the metrics.
+pub fn start_models(
+    models: Vec<ModelConfig>,
+) -> anyhow::Result<(Vec<(String, Arc<Engine>)>, Arc<Metrics>)> {
+    abserve_engine::models::check_all(&models)?;
+    let mut models = models.into_iter();
+    let first = models
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no model to serve"))?;
+    let (engine, metrics) = start_engine(first.config)?;
+    let mut engines = vec![(first.id, Arc::new(engine))];
+    for m in models {
+        engines.push((m.id, Arc::new(Engine::start(m.config)?)));
+    }
+    for (id, e) in &engines {
+        metrics.add_model(id, e);
+    }
+    Ok((engines, metrics))
+}
+
+/// The models beside the first, as the server's state holds them.
+pub fn other_models(engines: &[(String, Arc<Engine>)]) -> Vec<OtherModel> {
+    engines
+        .iter()
+        .skip(1)
+        .map(|(id, e)| OtherModel {
+            id: id.clone(),
+            engine: Box::new(e.clone()),
+        })
+        .collect()
 }
 
 impl ServerConfig {

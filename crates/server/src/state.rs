@@ -47,9 +47,19 @@ pub struct Admitted {
     pub order: Option<u64>,
 }
 
-pub struct AppState {
-    /// The one engine every request goes to (a fake one in the server's unit tests).
+/// A model served beside the default one (`--model ID=FILE`, repeated): requests name it by
+/// its id in `model`, variants by `model = "ID"`; it has its own engine, plan and KV cache.
+pub struct OtherModel {
+    pub id: String,
     pub engine: Box<dyn EngineApi>,
+}
+
+pub struct AppState {
+    /// The default model's engine (the first `--model`; a fake one in the server's unit tests):
+    /// every request that names no other model goes to it.
+    pub engine: Box<dyn EngineApi>,
+    /// The models served beside it, in `--model` order (model index 1, 2, …).
+    pub others: Vec<OtherModel>,
     pub metrics: Arc<Metrics>,
     pub config: ServerConfig,
     pub shutting_down: AtomicBool,
@@ -71,8 +81,20 @@ impl AppState {
         config: ServerConfig,
         ab: Option<crate::abstate::AbState>,
     ) -> Arc<Self> {
+        Self::with_models(engine, vec![], metrics, config, ab)
+    }
+
+    /// A server of several models: `engine` is the default one's (its id `config.model_id`).
+    pub fn with_models(
+        engine: impl EngineApi,
+        others: Vec<OtherModel>,
+        metrics: Arc<Metrics>,
+        config: ServerConfig,
+        ab: Option<crate::abstate::AbState>,
+    ) -> Arc<Self> {
         Arc::new(AppState {
             engine: Box::new(engine),
+            others,
             metrics,
             config,
             shutting_down: AtomicBool::new(false),
@@ -109,10 +131,55 @@ impl AppState {
             .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
     }
 
-    /// The context a request of this server must fit (the plan's, and `--max-prompt-tokens`).
-    pub fn limits(&self) -> abserve_engine::prepare::Limits {
+    /// The index of the model a request or a variant names (0: the default model, also named
+    /// `default`), or None for a model this server does not serve.
+    pub fn model_index(&self, id: &str) -> Option<usize> {
+        if id == self.config.model_id || id == "default" {
+            return Some(0);
+        }
+        self.others.iter().position(|m| m.id == id).map(|i| i + 1)
+    }
+
+    /// The model a variant generates with (`model = "ID"`; the default without one), or a 400
+    /// naming `variants.ID.model` for a model this server does not serve.
+    pub fn variant_model(&self, v: &abserve_ab::Variant) -> Result<usize, ApiError> {
+        let Some(m) = &v.model else { return Ok(0) };
+        self.model_index(m).ok_or_else(|| {
+            ApiError::invalid_param(
+                &format!("variants.{}.model", v.id),
+                format!(
+                    "variant '{}' names the model '{m}', which this server does not serve (it serves {})",
+                    v.id,
+                    self.model_ids().join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The engine of model `i` (see [`AppState::model_index`]).
+    pub fn engine_at(&self, i: usize) -> &dyn EngineApi {
+        match i {
+            0 => &*self.engine,
+            i => &*self.others[i - 1].engine,
+        }
+    }
+
+    /// Every model's id, the default first.
+    pub fn model_ids(&self) -> Vec<String> {
+        std::iter::once(self.config.model_id.clone())
+            .chain(self.others.iter().map(|m| m.id.clone()))
+            .collect()
+    }
+
+    /// Every model's engine, the default first.
+    pub fn engines(&self) -> impl Iterator<Item = &dyn EngineApi> {
+        (0..=self.others.len()).map(|i| self.engine_at(i))
+    }
+
+    /// The context a request to model `i` must fit (its plan's, and `--max-prompt-tokens`).
+    pub fn limits(&self, i: usize) -> abserve_engine::prepare::Limits {
         abserve_engine::prepare::Limits {
-            context: self.engine.plan().context as usize,
+            context: self.engine_at(i).plan().context as usize,
             max_prompt_tokens: self.config.max_prompt_tokens,
         }
     }
@@ -125,11 +192,12 @@ impl AppState {
     pub fn spawn_drain_meter(self: &Arc<Self>) {
         let st = self.clone();
         tokio::spawn(async move {
-            let mut last = st.engine.stats().completed;
+            let completed = |st: &AppState| st.engines().map(|e| e.stats().completed).sum::<u64>();
+            let mut last = completed(&st);
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let now = st.engine.stats().completed;
+                let now = completed(&st);
                 let rate = (now - last) as f64;
                 last = now;
                 let old = st.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
@@ -186,18 +254,22 @@ impl AppState {
     /// Seconds until the queue has room, from the current drain rate.
     pub fn retry_after(&self) -> u64 {
         let rate = self.drain_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
-        let s = self.engine.stats();
-        let ahead = (s.waiting + s.running + 1) as f64;
+        let ahead = self
+            .engines()
+            .map(|e| e.stats())
+            .map(|s| s.waiting + s.running)
+            .sum::<u64>() as f64
+            + 1.0;
         if rate <= 0.01 {
             return 2;
         }
         (ahead / rate).ceil().clamp(1.0, 60.0) as u64
     }
 
-    /// Submits without waiting for admission (the first event will be `Admitted`).
-    fn enqueue_nowait(&self, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+    /// Submits to model `i` without waiting for admission (the first event will be `Admitted`).
+    fn enqueue_nowait(&self, i: usize, req: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
         self.refuse_when_shutting_down()?;
-        self.engine
+        self.engine_at(i)
             .submit(req)
             .map_err(|e| self.refused(e, GroupOf::Choices))
     }
@@ -208,24 +280,27 @@ impl AppState {
     /// is admitted together, in one step; this waits for that within the queue timeout (a 429
     /// after it, every receiver dropped, none of the group having run). A larger group can
     /// never run at once: it holds its places in the queue, and this waits for its first
-    /// member; the rest run as slots free.
+    /// member; the rest run as slots free. Model `i`'s engine takes the group.
     pub async fn admit_group(
         &self,
+        i: usize,
         mut reqs: Vec<Request>,
         what: GroupOf,
     ) -> Result<Vec<Admitted>, ApiError> {
         self.refuse_when_shutting_down()?;
         let mut rxs = match reqs.len() {
-            1 => vec![self.enqueue_nowait(reqs.remove(0))?],
+            1 => vec![self.enqueue_nowait(i, reqs.remove(0))?],
             _ => self
-                .engine
+                .engine_at(i)
                 .submit_group(reqs)
                 .map_err(|e| self.refused(e, what))?,
         };
         let deadline = tokio::time::sleep(self.config.queue_timeout);
         tokio::pin!(deadline);
-        let together =
-            abserve_engine::admitted_together(rxs.len(), self.engine.plan().seq_slots as usize);
+        let together = abserve_engine::admitted_together(
+            rxs.len(),
+            self.engine_at(i).plan().seq_slots as usize,
+        );
         let wait_for = if together { rxs.len() } else { 1 };
         let mut admitted = Vec::with_capacity(rxs.len());
         for mut rx in rxs.drain(..) {

@@ -32,6 +32,8 @@ pub(crate) struct ValidRequest {
     /// One per choice: `n` per prompt, prompts in order.
     pub seqs: Vec<Prepared>,
     pub model: String,
+    /// The model whose engine runs it (`AppState::model_index`).
+    pub model_index: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// Each choice carries its prompt's token ids (`return_token_ids`).

@@ -29,7 +29,7 @@ use sqlx::sqlite::{
 
 pub use error::{StoreCondition, StoreError};
 pub use results::{
-    Adjusted, HistoryPoint, MetricResult, RatioParts, Results, VariantResult, ALPHA,
+    Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult, ALPHA,
 };
 
 use crate::experiment::Experiment;
@@ -435,18 +435,33 @@ impl Store {
         Ok(rows.into_iter().map(|(v, n)| (v, n as u64)).collect())
     }
 
-    /// Per-variant results with statistics against the control, aggregated by the database.
+    /// Per-variant results with statistics against the control, aggregated by the database,
+    /// per unit.
     pub async fn results(&self, e: &Experiment) -> Result<Results, StoreError> {
-        self.results_until(e, f64::MAX).await
+        self.results_until(e, f64::MAX, Analysis::Unit).await
+    }
+
+    /// The results with `analysis`'s observations (per unit, or per request where wanted).
+    pub async fn results_by(
+        &self,
+        e: &Experiment,
+        analysis: Analysis,
+    ) -> Result<Results, StoreError> {
+        self.results_until(e, f64::MAX, analysis).await
     }
 
     /// The results over the units that had arrived by `until` (seconds since the epoch): their
     /// exposures up to then and all their events.
-    pub async fn results_until(&self, e: &Experiment, until: f64) -> Result<Results, StoreError> {
+    pub async fn results_until(
+        &self,
+        e: &Experiment,
+        until: f64,
+        analysis: Analysis,
+    ) -> Result<Results, StoreError> {
         let units = self.units_until(&e.name, until).await?;
         let rows: Vec<(String, i64)> = on_pool!(self, p => sqlx::query_as(results::EXPOSURES).bind(&e.name).bind(until).fetch_all(p).await?);
         let exposures = rows.into_iter().map(|(v, n)| (v, n as u64)).collect();
-        let q = results::moments_sql();
+        let q = results::moments_sql(analysis);
         let moments: Vec<results::MomentRow> =
             on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).bind(until).fetch_all(p).await?);
         let q = results::ratio_sql();
@@ -456,7 +471,9 @@ impl Store {
                 .bind(&e.name).bind(until).bind(&r.numerator).bind(&r.denominator).fetch_all(p).await?);
             ratios.push((i, rows));
         }
-        Ok(results::assemble(e, &units, &exposures, moments, ratios))
+        Ok(results::assemble(
+            e, analysis, &units, &exposures, moments, ratios,
+        ))
     }
 
     /// The results over the first k, 2k, … units and over all of them (up to `points` points,
@@ -477,7 +494,7 @@ impl Store {
             if out.last().is_some_and(|p| p.at == at) {
                 continue; // units that arrived at the same instant
             }
-            let results = self.results_until(e, at).await?;
+            let results = self.results_until(e, at, Analysis::Unit).await?;
             out.push(HistoryPoint {
                 units: results.variants.iter().map(|v| v.units).sum(),
                 at,

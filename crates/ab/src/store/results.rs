@@ -45,17 +45,42 @@ const AUTOMATIC: &str = "
         UNION ALL SELECT KEY, 'grammar_complete', CASE WHEN grammar_complete THEN 1.0 ELSE 0.0 END FROM exposures
             WHERE experiment = $1 AND NOT forced AND ts <= $2 AND constrained AND error IS NULL";
 
-/// The values the moments are taken of: (variant, metric, v). Automatic metrics come from every
-/// non-forced exposure; outcome metrics are one value per unit (the mean of its events),
-/// attributed to the unit's variant; events of units never exposed are left out.
-fn values() -> String {
+/// What one observation of a metric is: a unit (the default) or a request.
+///
+/// Units are what is randomised: the requests of one user are correlated, so treating them as
+/// independent observations underestimates the variance, and the false-positive rate grows with
+/// requests per unit (`tests/per_unit.rs` measures it). Per unit, each automatic metric is the
+/// **mean over the unit's exposures** (GrowthBook's and Statsig's default for a mean metric: one
+/// value per user, each user weighs the same), attributed to the unit's variant (that of its
+/// first exposure). The per-request view (every exposure one observation) stays available,
+/// labelled as such; outcome metrics are one value per unit in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Analysis {
+    #[default]
+    Unit,
+    Request,
+}
+
+/// The values the moments are taken of: (variant, metric, v). Automatic metrics per `analysis`
+/// (a unit's mean over its non-forced exposures, or every exposure); outcome metrics are one
+/// value per unit (the mean of its events), attributed to the unit's variant; events of units
+/// never exposed are left out.
+fn values(analysis: Analysis) -> String {
+    let automatic = match analysis {
+        Analysis::Request => AUTOMATIC.replace("KEY", "variant"),
+        Analysis::Unit => format!(
+            "SELECT uv.variant, a.metric, AVG(a.v) AS v FROM ({}) a JOIN uv ON uv.unit = a.unit
+            GROUP BY uv.variant, a.metric, a.unit",
+            AUTOMATIC.replace("KEY", "unit")
+        ),
+    };
     format!(
-        "vals AS ({}
+        "vals AS ({automatic}
         UNION ALL SELECT uv.variant, e.metric, AVG(e.value) FROM events e JOIN uv ON uv.unit = e.unit
             WHERE e.experiment = $1 GROUP BY uv.variant, e.metric, e.unit
     ),
-    m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)",
-        AUTOMATIC.replace("KEY", "variant")
+    m AS (SELECT variant, metric, AVG(v) AS mean FROM vals GROUP BY variant, metric)"
     )
 }
 
@@ -115,8 +140,8 @@ pub(super) fn units_sql() -> String {
     format!("WITH {UNIT_VARIANT} {UNITS}")
 }
 
-pub(super) fn moments_sql() -> String {
-    format!("WITH {UNIT_VARIANT}, {} {MOMENTS}", values())
+pub(super) fn moments_sql(analysis: Analysis) -> String {
+    format!("WITH {UNIT_VARIANT}, {} {MOMENTS}", values(analysis))
 }
 
 /// One row of [`moments_sql`].
@@ -164,6 +189,9 @@ pub struct VariantResult {
     /// The LoRA adapters the variant generates with (none: the base model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapters: Option<Vec<abserve_protocol::Adapter>>,
+    /// The model the variant generates with (none: the server's default model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     pub is_control: bool,
     pub weight: f64,
     pub units: u64,
@@ -174,6 +202,8 @@ pub struct VariantResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct Results {
     pub experiment: String,
+    /// What one observation is (`unit`, the default, or `request`; see [`Analysis`]).
+    pub analysis: Analysis,
     pub control: String,
     pub alpha: f64,
     /// The sequential tuning parameter in use (total units where the sequence is tightest).
@@ -249,6 +279,7 @@ fn metric_result(
 /// Per-variant results with statistics against the control, from the aggregates.
 pub(super) fn assemble(
     e: &Experiment,
+    analysis: Analysis,
     units: &BTreeMap<String, u64>,
     exposures: &BTreeMap<String, u64>,
     moments: Vec<MomentRow>,
@@ -276,6 +307,7 @@ pub(super) fn assemble(
             VariantResult {
                 id: v.id.clone(),
                 adapters: v.adapters.clone(),
+                model: v.model.clone(),
                 is_control: &v.id == control,
                 weight,
                 units: units.get(&v.id).copied().unwrap_or(0),
@@ -288,6 +320,7 @@ pub(super) fn assemble(
     let observed: Vec<u64> = variants.iter().map(|v| v.units).collect();
     Results {
         experiment: e.name.clone(),
+        analysis,
         control: control.clone(),
         alpha: ALPHA,
         sequential_tuning: tuning,

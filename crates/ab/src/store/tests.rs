@@ -62,7 +62,35 @@ on_both!(
     job_results_are_stored_once_per_job,
     ratio_metrics_history_and_adjustments_come_from_the_database,
     constrained_answers_give_each_variant_its_share_finished_inside_the_grammar,
+    automatic_metrics_are_one_value_per_unit_unless_asked_per_request,
 );
+
+/// A unit of a sends 3 requests (latencies 10, 20, 60), another 1 (100); b's two units 1 each.
+/// Per unit (the default) a's latency is the mean of the units' means, (30 + 100) / 2, over 2
+/// observations; per request (labelled so) the mean of the 4 exposures, 47.5.
+async fn automatic_metrics_are_one_value_per_unit_unless_asked_per_request(f: &Fresh) {
+    let s = f.store().await;
+    for (v, u, lat) in [
+        ("a", "u1", 10.0),
+        ("a", "u1", 20.0),
+        ("a", "u1", 60.0),
+        ("a", "u2", 100.0),
+        ("b", "u3", 40.0),
+        ("b", "u4", 50.0),
+    ] {
+        s.record_exposure("aa", &exposure(v, u, lat)).await.unwrap();
+    }
+    let unit = s.results(&exp()).await.unwrap();
+    assert_eq!(unit.analysis, Analysis::Unit);
+    let a = unit.variants[0].metrics["latency_ms"].summary;
+    assert_eq!((a.n, a.mean), (2, 65.0));
+    assert_eq!(unit.variants[0].metrics["error"].summary.n, 2);
+    let request = s.results_by(&exp(), Analysis::Request).await.unwrap();
+    assert_eq!(request.analysis, Analysis::Request);
+    let a = request.variants[0].metrics["latency_ms"].summary;
+    assert_eq!((a.n, a.mean), (4, 47.5));
+    assert_eq!((unit.variants[0].exposures, unit.variants[0].units), (4, 2));
+}
 
 /// Variant a answers under a grammar (3 of 4 finish inside it), b freely: `grammar_complete` is
 /// a's share, b has no value of it; exposures read back with both fields.

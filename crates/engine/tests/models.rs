@@ -1,0 +1,161 @@
+//! Several base models in one process: one budget divided between them before anything loads
+//! (`models.rs`). The shares sum to the budget, every model's plan fits its share, a combination
+//! that does not fit is refused before loading with every number, and two engines in one
+//! process each allocate what their plan says and answer as each does alone.
+
+mod common;
+
+use std::sync::Arc;
+
+use abserve_engine::device::FakeDevice;
+use abserve_engine::models::{check_all, divide_budget, ModelConfig};
+use abserve_engine::plan::Budget;
+use abserve_engine::{DeviceHandle, Engine, EngineError};
+
+const MIB: u64 = 1 << 20;
+
+fn two(budget: u64) -> Vec<ModelConfig> {
+    let mut base = common::config();
+    base.budget = Budget::Bytes(budget);
+    let path = common::model_path();
+    ["a", "b"]
+        .iter()
+        .map(|id| ModelConfig::parse(&format!("{id}={}", path.display()), &base).unwrap())
+        .collect()
+}
+
+#[test]
+fn ids_come_from_the_flag_or_the_file_name() {
+    let base = common::config();
+    let m = ModelConfig::parse("tuned=/x/y/model-b.gguf", &base).unwrap();
+    assert_eq!(
+        (m.id.as_str(), m.config.model.to_str()),
+        ("tuned", Some("/x/y/model-b.gguf"))
+    );
+    let m = ModelConfig::parse("/x/y/SmolLM2.Q4_1.gguf", &base).unwrap();
+    assert_eq!(m.id, "SmolLM2.Q4_1");
+    for bad in ["default=/x.gguf", "experiment:a=/x.gguf", "a="] {
+        assert!(
+            ModelConfig::parse(bad, &base).is_err(),
+            "{bad} was accepted"
+        );
+    }
+    let mut dup = two(1 << 30);
+    dup[1].id = "a".into();
+    let e = divide_budget(&mut dup).unwrap_err().to_string();
+    assert!(e.contains("'a'"), "{e}");
+}
+
+#[test]
+fn the_shares_sum_to_the_budget_and_each_plan_fits_its_share() {
+    let budget = 1u64 << 30;
+    let mut models = two(budget);
+    let shares = divide_budget(&mut models).unwrap();
+    assert_eq!(
+        shares.iter().map(|s| s.host_budget).sum::<u64>(),
+        budget,
+        "{shares:?}"
+    );
+    let plans = check_all(&models).unwrap();
+    let mut planned = 0;
+    for (p, s) in plans.iter().zip(&shares) {
+        assert_eq!(p.budget_bytes, s.host_budget);
+        assert!(s.host_fixed >= p.weights_bytes && s.host_budget > s.host_fixed);
+        assert!(p.host_planned_bytes <= p.usable_bytes, "{p:?}");
+        assert!(p.seq_slots >= 1);
+        planned += p.host_planned_bytes;
+    }
+    assert!(
+        planned <= budget - budget / 10,
+        "planned {planned} of {budget}"
+    );
+    // one model alone keeps the whole budget
+    let mut one = two(budget);
+    one.truncate(1);
+    let alone = divide_budget(&mut one).unwrap();
+    assert_eq!(alone[0].host_budget, budget);
+    assert!(check_all(&one).unwrap()[0].kv_cells > plans[0].kv_cells);
+}
+
+#[test]
+fn weights_that_do_not_fit_are_refused_before_loading_with_every_number() {
+    let weights = common::config().plan().unwrap().1.weights_bytes;
+    // room for one copy of the weights and the margin, not two
+    let budget = weights * 3 / 2;
+    let e = divide_budget(&mut two(budget)).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, EngineError::Models(_)), "{msg}");
+    for part in ["a ", "b ", "host", "usable", "margin 10%"] {
+        assert!(msg.contains(part), "'{part}' missing from: {msg}");
+    }
+    // the weights fit, but not one sequence beside them: that model's plan says so, by name
+    let mut tight = two(2 * weights * 10 / 9 + 32 * MIB);
+    divide_budget(&mut tight).unwrap();
+    let msg = check_all(&tight).unwrap_err().to_string();
+    assert!(msg.contains("model 'a' does not fit its share"), "{msg}");
+}
+
+#[test]
+fn device_shares_sum_to_the_device_budget() {
+    let mut models = two(1 << 30);
+    let device = DeviceHandle(Arc::new(FakeDevice::new("Fake0", 2 << 30, 0)));
+    for m in &mut models {
+        m.config.device = Some(device.clone());
+        m.config.device_budget = Budget::Fraction(0.5);
+    }
+    let shares = divide_budget(&mut models).unwrap();
+    assert_eq!(shares.iter().map(|s| s.device_budget).sum::<u64>(), 1 << 30);
+    for (s, p) in shares.iter().zip(check_all(&models).unwrap()) {
+        let d = p.device.as_ref().unwrap();
+        assert_eq!(d.budget_bytes, s.device_budget);
+        assert_eq!(d.weights_bytes, s.device_fixed);
+        assert!(d.planned_bytes <= d.usable_bytes);
+        // all layers offloaded: the host keeps no weights beyond what llama.cpp leaves there
+        assert!(s.host_fixed < p.weights_bytes);
+    }
+}
+
+#[test]
+fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
+    let mut models = two(1 << 30);
+    for m in &mut models {
+        m.config.context = 512;
+        m.config.max_sequences = 4;
+    }
+    divide_budget(&mut models).unwrap();
+    let prompt_of = |e: &Engine| e.prompt_tokens("The capital of France is");
+    // each alone first, then both engines loaded side by side, decoding at once
+    let alone: Vec<Vec<i32>> = models
+        .iter()
+        .map(|m| {
+            let e = Engine::start(m.config.clone()).unwrap();
+            common::collect(common::greedy(&e, &prompt_of(&e), 12))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let engines: Vec<Engine> = models
+        .iter()
+        .map(|m| Engine::start(m.config.clone()).unwrap())
+        .collect();
+    for e in &engines {
+        let (plan, got) = (e.plan(), e.measured().llama.kv);
+        assert!(
+            (got as f64 - plan.kv_bytes as f64).abs() <= 0.005 * MIB as f64,
+            "planned KV {} B, llama.cpp allocated {got} B",
+            plan.kv_bytes
+        );
+    }
+    let rxs: Vec<_> = engines
+        .iter()
+        .map(|e| common::greedy(e, &prompt_of(e), 12))
+        .collect();
+    let together: Vec<Vec<i32>> = rxs
+        .into_iter()
+        .map(|rx| std::thread::spawn(move || common::collect(rx).unwrap().tokens))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(together, alone);
+}

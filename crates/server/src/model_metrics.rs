@@ -1,0 +1,107 @@
+//! Per-model series of `/metrics` (label `model`): every model a server serves, the default
+//! too, with its plan (budget, planned bytes, KV cells) and its engine's KV cells in use,
+//! queue and tokens. The unlabelled engine series (`abserve_kv_cells_used`, …) stay the
+//! default model's, as they were before a server could hold several. The label's values are
+//! the `--model` ids: bounded by the operator.
+
+use std::sync::{Arc, Mutex};
+
+use abserve_engine::plan::MemoryPlan;
+use abserve_engine::EngineStats;
+use abserve_protocol::names;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+struct Model {
+    id: String,
+    stats: Arc<EngineStats>,
+}
+
+pub(crate) struct ModelSeries {
+    budget: IntGaugeVec,
+    planned: IntGaugeVec,
+    kv_cells: IntGaugeVec,
+    kv_cells_used: IntGaugeVec,
+    running: IntGaugeVec,
+    waiting: IntGaugeVec,
+    prompt_tokens: IntCounterVec,
+    generated_tokens: IntCounterVec,
+    models: Mutex<Vec<Model>>,
+}
+
+impl ModelSeries {
+    pub(crate) fn register(registry: &Registry) -> prometheus::Result<ModelSeries> {
+        let gauge = |name: &str, help: &str| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["model"])?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let counter = |name: &str, help: &str| -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(name, help), &["model"])?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        Ok(ModelSeries {
+            budget: gauge(names::MODEL_BUDGET, "A model's share of the memory budget")?,
+            planned: gauge(
+                names::MODEL_PLANNED,
+                "Memory planned for a model: weights, adapters, KV, compute, prefix store",
+            )?,
+            kv_cells: gauge(names::MODEL_KV_CELLS, "KV cells of a model's cache")?,
+            kv_cells_used: gauge(
+                names::MODEL_KV_CELLS_USED,
+                "KV cells of a model's cache in use",
+            )?,
+            running: gauge(names::MODEL_RUNNING, "Sequences in a model's running batch")?,
+            waiting: gauge(
+                names::MODEL_WAITING,
+                "Sequences waiting for admission to a model",
+            )?,
+            prompt_tokens: counter(
+                names::MODEL_PROMPT_TOKENS,
+                "Prompt tokens admitted to a model",
+            )?,
+            generated_tokens: counter(names::MODEL_GENERATED_TOKENS, "Tokens a model generated")?,
+            models: Default::default(),
+        })
+    }
+
+    /// Adds a model: its plan's constants now, its engine's figures at every scrape.
+    pub(crate) fn add(&self, id: &str, plan: &MemoryPlan, stats: Arc<EngineStats>) {
+        self.budget
+            .with_label_values(&[id])
+            .set(plan.budget_bytes as i64 + plan.device_budget_bytes.unwrap_or(0) as i64);
+        self.planned
+            .with_label_values(&[id])
+            .set(plan.planned_bytes as i64);
+        self.kv_cells
+            .with_label_values(&[id])
+            .set(plan.kv_cells as i64);
+        self.models
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Model {
+                id: id.to_string(),
+                stats,
+            });
+    }
+
+    /// Copies every model's engine figures (before rendering).
+    pub(crate) fn copy(&self) {
+        for m in self.models.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let s = m.stats.snapshot();
+            let id = [m.id.as_str()];
+            self.kv_cells_used
+                .with_label_values(&id)
+                .set(s.kv_cells_used as i64);
+            self.running.with_label_values(&id).set(s.running as i64);
+            self.waiting.with_label_values(&id).set(s.waiting as i64);
+            for (c, v) in [
+                (&self.prompt_tokens, s.prompt_tokens),
+                (&self.generated_tokens, s.generated_tokens),
+            ] {
+                let c = c.with_label_values(&id);
+                c.inc_by(v.saturating_sub(c.get()));
+            }
+        }
+    }
+}
