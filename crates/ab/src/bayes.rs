@@ -13,9 +13,9 @@
 //! uplift variance = v_t / (m_c² n_t) + v_c m_t² / (m_c⁴ n_c)
 //! ```
 //!
-//! Checked against gbstats on committed fixtures. "Higher is better" is assumed; for metrics
-//! where lower is better (latency, errors) read the chance to beat control as 1 − the value
-//! and swap the two risks, as GrowthBook does for inverse metrics.
+//! Checked against gbstats on committed fixtures. "Higher is better" here; a metric defined with
+//! `direction = "lower"` gets 1 − the chance and the two risks swapped in the results
+//! (`store/results.rs`), as GrowthBook does for inverse metrics.
 
 use serde::Serialize;
 use statrs::distribution::{Continuous, ContinuousCDF, Normal};

@@ -82,6 +82,10 @@ pub struct Experiment {
     /// Ratio metrics: per unit the sum of one metric over the sum of another (delta method).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ratios: Vec<RatioMetric>,
+    /// Metric definitions (`[[experiment.metrics]]`: aggregation, direction, cap; see
+    /// `metric.rs`); a metric without one is the mean of the unit's values, higher is better.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<crate::metric::MetricDef>,
     pub variants: Vec<Variant>,
 }
 
@@ -204,6 +208,9 @@ impl Experiment {
             {
                 return bad(format!("ratio '{}' repeats a metric's name", r.name));
             }
+            if self.metrics.iter().any(|m| m.name == r.name) {
+                return bad(format!("ratio '{}' repeats a metric's name", r.name));
+            }
             if r.numerator == r.denominator {
                 return bad(format!(
                     "ratio '{}' divides '{}' by itself",
@@ -237,6 +244,15 @@ impl Experiment {
             ));
         }
         self.validate_variants()?;
+        let mut defined = std::collections::HashSet::new();
+        for m in &self.metrics {
+            if let Some(e) = m.invalid() {
+                return bad(e);
+            }
+            if !defined.insert(m.name.as_str()) {
+                return bad(format!("metric '{}' is defined twice", m.name));
+            }
+        }
         if self.variants.iter().map(|v| v.weight).sum::<f64>() <= 0.0 {
             return bad("the weights sum to zero".into());
         }

@@ -3,6 +3,7 @@
 //! results. No HTTP here, no model.
 //!
 //! - `experiment`: definitions (TOML/JSON), validated; templates rendered with minijinja;
+//! - `metric`: metric definitions (aggregation per unit, direction, percentile cap);
 //! - `assign`: GrowthBook's hashing and bucket ranges, equal to its SDKs on fixtures;
 //! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
 //! - `store`: SQLite (embedded default) or PostgreSQL (shared by replicas) through sqlx, versioned
@@ -19,6 +20,7 @@ mod adjust;
 mod assign;
 mod bayes;
 mod experiment;
+mod metric;
 mod paired;
 mod ratio;
 mod sequential;
@@ -34,6 +36,7 @@ pub use experiment::{
     parse_file, parse_one, render, render_row, template_fields, Experiment, ExperimentFile,
     Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
 };
+pub use metric::{percentile, Aggregation, Direction, MetricDef};
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
     SignTest,

@@ -141,6 +141,21 @@ fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
         .as_ref()
         .map(|q| format!("  ({} / {})", q.numerator, q.denominator))
         .unwrap_or_default();
+    // a defined metric: its aggregation, direction and cap
+    let ratio = match &res.definition {
+        Some(d) => format!(
+            "{ratio}  ({} per unit, {} is better{})",
+            format!("{:?}", d.aggregation).to_lowercase(),
+            match d.direction {
+                abserve_ab::Direction::Higher => "higher",
+                abserve_ab::Direction::Lower => "lower",
+            },
+            res.cap_value
+                .map(|c| format!(", capped at {c:.4}"))
+                .unwrap_or_default()
+        ),
+        None => ratio,
+    };
     let _ = writeln!(
         out,
         "  {m:<18} n {:>6}  mean {:>11.4}  sd {:>10.4}  CI [{:.4}, {:.4}]{ratio}",

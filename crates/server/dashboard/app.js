@@ -213,8 +213,11 @@ function metricSection(r, metric) {
       return h('div', { class: 'compare', 'data-variant': v.id }, h('h3', {}, v.id + ' vs ' + r.control), h('p', { class: 'muted' }, 'Not enough data to compare yet.'));
     }
     const seq = m.sequential, fx = m.vs_control, b = m.bayesian, adj = m.adjusted;
-    const called = seq.ci_low > 0 ? 'win' : seq.ci_high < 0 ? 'lose' : null;
-    const verdict = called === 'win' ? 'higher than control' : called === 'lose' ? 'lower than control' : 'no difference shown yet';
+    // the metric's direction (`[[experiment.metrics]]`): where lower is better, lower wins
+    const lower = m.definition && m.definition.direction === 'lower';
+    const side = seq.ci_low > 0 ? 'higher' : seq.ci_high < 0 ? 'lower' : null;
+    const called = side === null ? null : (side === 'lower') === !!lower ? 'win' : 'lose';
+    const verdict = side === null ? 'no difference shown yet' : side + ' than control (' + (called === 'win' ? 'better' : 'worse') + (lower ? ', lower is better' : '') + ')';
     return h('div', { class: 'compare', 'data-variant': v.id },
       h('h3', {}, v.id + ' vs ' + r.control + ': ', h('span', { class: called || 'muted', 'data-k': 'verdict' }, verdict)),
       h('dl', {},

@@ -471,8 +471,16 @@ impl Store {
                 .bind(&e.name).bind(until).bind(&r.numerator).bind(&r.denominator).fetch_all(p).await?);
             ratios.push((i, rows));
         }
+        let q = results::defined_sql();
+        let mut defined = vec![];
+        for (i, m) in e.metrics.iter().enumerate() {
+            let rows: Vec<results::DefinedRow> = on_pool!(self, p => sqlx::query_as(&q)
+                .bind(&e.name).bind(until).bind(&m.name).fetch_all(p).await?);
+            let (summaries, cap) = results::defined_summaries(m, rows);
+            defined.push((i, summaries, cap));
+        }
         Ok(results::assemble(
-            e, analysis, &units, &exposures, moments, ratios,
+            e, analysis, &units, &exposures, moments, ratios, defined,
         ))
     }
 

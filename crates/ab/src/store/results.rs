@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::adjust::{benjamini_hochberg, holm};
 use crate::bayes::{bayesian, Bayesian};
 use crate::experiment::Experiment;
+use crate::metric::{Direction, MetricDef};
 use crate::ratio::RatioMoments;
 use crate::sequential::{sequential, Sequential, DEFAULT_TUNING};
 use crate::stats::{from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary};
@@ -110,6 +111,61 @@ fn ratio() -> String {
     )
 }
 
+/// Per unit of the experiment (exposed by the cutoff) its variant and, of metric `$3`, the
+/// sum, count and maximum of its values (automatic metrics over its non-forced exposures,
+/// outcome metrics over its events); a unit without a value has a NULL sum and a count of 0.
+/// A defined metric (`metric.rs`) makes each unit's value from them in Rust.
+fn defined() -> String {
+    format!(
+        "unit_vals AS ({}
+        UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1
+    ),
+    per AS (SELECT unit, SUM(v) AS s, COUNT(*) AS c, MAX(v) AS mx FROM unit_vals WHERE metric = $3 GROUP BY unit)
+    SELECT uv.variant, per.s, COALESCE(per.c, 0), per.mx FROM uv LEFT JOIN per ON per.unit = uv.unit",
+        AUTOMATIC.replace("KEY", "unit")
+    )
+}
+
+pub(super) fn defined_sql() -> String {
+    format!("WITH {UNIT_VARIANT}, {}", defined())
+}
+
+/// One row of [`defined_sql`]: variant, sum, count, maximum.
+pub(super) type DefinedRow = (String, Option<f64>, i64, Option<f64>);
+
+/// A defined metric's per-unit values by variant, capped when it says so: its summaries and
+/// the cap applied.
+pub(super) fn defined_summaries(
+    def: &MetricDef,
+    rows: Vec<DefinedRow>,
+) -> (BTreeMap<String, Summary>, Option<f64>) {
+    let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (variant, sum, count, max) in rows {
+        let entry = by.entry(variant).or_default();
+        if let Some(x) = def.unit_value(sum, count, max) {
+            entry.push(x);
+        }
+    }
+    let mut by: Vec<(String, Vec<f64>)> = by.into_iter().collect();
+    let cap = def.cap.and_then(|p| crate::metric::winsorise(&mut by, p));
+    let summaries = by
+        .into_iter()
+        .map(|(v, xs)| {
+            let mut s = crate::stats::summarize(&xs);
+            if def.aggregation == crate::metric::Aggregation::Binary && s.n > 0 {
+                // a proportion's variance is p(1 − p), as GrowthBook's ProportionStatistic
+                s = crate::stats::from_moments(
+                    s.n,
+                    s.mean,
+                    s.mean * (1.0 - s.mean) * (s.n as f64 - 1.0),
+                );
+            }
+            (v, s)
+        })
+        .collect();
+    (summaries, cap)
+}
+
 /// Every `$3`-th unit's arrival (the time of its first non-forced exposure) and the last one's:
 /// the points of the results' history.
 pub(super) const ARRIVALS: &str = "
@@ -163,6 +219,12 @@ pub struct MetricResult {
     pub adjusted: Option<Adjusted>,
     /// For a ratio metric: its definition and the per-unit means of numerator and denominator.
     pub ratio: Option<RatioParts>,
+    /// The metric's definition, when the experiment has one (`[[experiment.metrics]]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub definition: Option<MetricDef>,
+    /// The value units were capped at (the definition's percentile of all units' values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_value: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -224,6 +286,9 @@ pub struct HistoryPoint {
     pub results: Results,
 }
 
+/// A defined metric (its index in `e.metrics`): per variant its summary, and the cap applied.
+pub(super) type Defined = (usize, BTreeMap<String, Summary>, Option<f64>);
+
 /// Every metric's summary per variant: the automatic and outcome metrics from their moments,
 /// the ratio metrics from their per-unit sums (with their parts).
 type ByMetric = BTreeMap<String, BTreeMap<String, (Summary, Option<RatioParts>)>>;
@@ -232,6 +297,7 @@ fn by_metric(
     e: &Experiment,
     moments: Vec<MomentRow>,
     ratios: Vec<(usize, Vec<RatioRow>)>,
+    defined: &[Defined],
 ) -> ByMetric {
     let mut by_metric: ByMetric = BTreeMap::new();
     for (variant, metric, n, mean, m2) in moments {
@@ -239,6 +305,14 @@ fn by_metric(
             .entry(metric)
             .or_default()
             .insert(variant, (from_moments(n as usize, mean, m2), None));
+    }
+    // a defined metric's per-unit summaries replace the default ones
+    for (i, summaries, _) in defined {
+        let entry = by_metric.entry(e.metrics[*i].name.clone()).or_default();
+        entry.clear();
+        for (variant, s) in summaries {
+            entry.insert(variant.clone(), (*s, None));
+        }
     }
     for (i, rows) in ratios {
         let def = &e.ratios[i];
@@ -273,7 +347,23 @@ fn metric_result(
         bayesian: treated.then(|| bayesian(cs, xs, ALPHA)).flatten(),
         adjusted: None,
         ratio: ratio.clone(),
+        definition: None,
+        cap_value: None,
     }
+}
+
+/// Lays a metric's definition over its result: where lower is better, chance to beat control
+/// is the chance to be lower and the two risks swap (gbstats' `inverse`).
+fn defined_result(mut r: MetricResult, def: &MetricDef, cap: Option<f64>) -> MetricResult {
+    if def.direction == Direction::Lower {
+        if let Some(b) = r.bayesian.as_mut() {
+            b.chance_to_beat_control = 1.0 - b.chance_to_beat_control;
+            std::mem::swap(&mut b.risk_control, &mut b.risk_treatment);
+        }
+    }
+    r.definition = Some(def.clone());
+    r.cap_value = cap;
+    r
 }
 
 /// Per-variant results with statistics against the control, from the aggregates.
@@ -284,8 +374,15 @@ pub(super) fn assemble(
     exposures: &BTreeMap<String, u64>,
     moments: Vec<MomentRow>,
     ratios: Vec<(usize, Vec<RatioRow>)>,
+    defined: Vec<Defined>,
 ) -> Results {
-    let by_metric = by_metric(e, moments, ratios);
+    let by_metric = by_metric(e, moments, ratios, &defined);
+    let definition = |m: &str| {
+        defined
+            .iter()
+            .find(|(i, _, _)| e.metrics[*i].name == m)
+            .map(|(i, _, cap)| (&e.metrics[*i], *cap))
+    };
     let control = &e.variants[e.control_index()].id;
     let tuning = e.sequential_tuning.unwrap_or(DEFAULT_TUNING);
     let empty = (from_moments(0, f64::NAN, f64::NAN), None);
@@ -300,7 +397,10 @@ pub(super) fn assemble(
                 .map(|(m, by_variant)| {
                     let (xs, ratio) = by_variant.get(&v.id).unwrap_or(&empty);
                     let (cs, _) = by_variant.get(control).unwrap_or(&empty);
-                    let result = metric_result(cs, xs, ratio, &v.id != control, tuning);
+                    let mut result = metric_result(cs, xs, ratio, &v.id != control, tuning);
+                    if let Some((def, cap)) = definition(m) {
+                        result = defined_result(result, def, cap);
+                    }
                     (m.clone(), result)
                 })
                 .collect();
