@@ -3,6 +3,8 @@
 //! results. No HTTP here, no model.
 //!
 //! - `experiment`: definitions (TOML/JSON), validated; templates rendered with minijinja;
+//! - `guardrail`: whether a treatment is significantly worse on a metric (always valid; not
+//!   wired into the server yet);
 //! - `metric`: metric definitions (aggregation per unit, direction, percentile cap);
 //! - `assign`: GrowthBook's hashing and bucket ranges, equal to its SDKs on fixtures;
 //! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
@@ -20,6 +22,7 @@ mod adjust;
 mod assign;
 mod bayes;
 mod experiment;
+mod guardrail;
 mod metric;
 mod paired;
 mod ratio;
@@ -36,6 +39,7 @@ pub use experiment::{
     parse_file, parse_one, render, render_row, template_fields, Experiment, ExperimentFile,
     Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
 };
+pub use guardrail::{harm, Harm};
 pub use metric::{percentile, Aggregation, Direction, MetricDef};
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
