@@ -46,6 +46,52 @@ pub struct Variant {
     /// The id of the model this variant generates with, on a server of several models
     /// (`--model ID=FILE`); none: the default (first) model.
     pub model: Option<String>,
+    /// Set when a guardrail stopped this variant (`guardrail.rs`): the evidence. A stopped
+    /// variant gets no new units, and its units are served the control, not recorded. A
+    /// definition put without it (PUT) restarts the variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<crate::stop::Harm>,
+}
+
+/// A guardrail: a metric a treatment must not make worse beyond `tolerance` (a relative change
+/// of control's mean, default 0), in the metric's direction. Written as a name (`"error"`) or a
+/// table (`{ metric = "thumbs_down", tolerance = 0.1 }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "GuardrailSpec")]
+pub struct Guardrail {
+    pub metric: String,
+    pub tolerance: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum GuardrailSpec {
+    Name(String),
+    Table {
+        metric: String,
+        #[serde(default)]
+        tolerance: f64,
+    },
+}
+
+impl From<GuardrailSpec> for Guardrail {
+    fn from(s: GuardrailSpec) -> Guardrail {
+        match s {
+            GuardrailSpec::Name(metric) => Guardrail {
+                metric,
+                tolerance: 0.0,
+            },
+            GuardrailSpec::Table { metric, tolerance } => Guardrail { metric, tolerance },
+        }
+    }
+}
+
+/// Every experiment has `error` as a guardrail unless it lists its own (`guardrails = []`: none).
+fn error_guardrail() -> Vec<Guardrail> {
+    vec![Guardrail {
+        metric: "error".into(),
+        tolerance: 0.0,
+    }]
 }
 
 fn one() -> f64 {
@@ -86,6 +132,10 @@ pub struct Experiment {
     /// `metric.rs`); a metric without one is the mean of the unit's values, higher is better.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metrics: Vec<crate::metric::MetricDef>,
+    /// Metrics a treatment must not make worse; checked continuously by the server, which
+    /// stops a treatment significantly worse on one (`guardrail.rs`). Default: `["error"]`.
+    #[serde(default = "error_guardrail")]
+    pub guardrails: Vec<Guardrail>,
     pub variants: Vec<Variant>,
 }
 
@@ -135,6 +185,17 @@ impl Experiment {
             .as_ref()
             .and_then(|c| self.variants.iter().position(|v| &v.id == c))
             .unwrap_or(0)
+    }
+
+    /// Which way is better for `metric`: its definition's direction, else lower for the
+    /// automatic `error`, `latency_ms` and `ttft_ms`, else higher.
+    pub fn direction_of(&self, metric: &str) -> crate::metric::Direction {
+        use crate::metric::Direction;
+        match self.metrics.iter().find(|m| m.name == metric) {
+            Some(d) => d.direction,
+            None if ["error", "latency_ms", "ttft_ms"].contains(&metric) => Direction::Lower,
+            None => Direction::Higher,
+        }
     }
 
     pub fn weights(&self) -> Vec<f64> {
@@ -244,6 +305,18 @@ impl Experiment {
             ));
         }
         self.validate_variants()?;
+        let mut guarded = std::collections::HashSet::new();
+        for g in &self.guardrails {
+            if g.metric.is_empty() || !(g.tolerance.is_finite() && g.tolerance >= 0.0) {
+                return bad(format!(
+                    "guardrail '{}': a metric name and a tolerance ≥ 0 (a relative change of control's mean), got {}",
+                    g.metric, g.tolerance
+                ));
+            }
+            if !guarded.insert(g.metric.as_str()) {
+                return bad(format!("guardrail '{}' is listed twice", g.metric));
+            }
+        }
         let mut defined = std::collections::HashSet::new();
         for m in &self.metrics {
             if let Some(e) = m.invalid() {

@@ -10,29 +10,18 @@
 //! guardrails the caller divides α among the comparisons (Bonferroni), so the chance that any
 //! harmless treatment is stopped stays ≤ α.
 //!
-//! Not wired into the server yet (issue 30's guardrails: the continuous check, the stop, its
-//! record, `/results` state, `/metrics` and the dashboard are still to build); the simulations
-//! in `tests/guardrails.rs` measure the decision itself.
+//! An experiment lists its guardrails (`guardrails = ["error", { metric = "thumbs_down",
+//! tolerance = 0.1 }]`, default `["error"]`); [`check`] runs the decision for every active
+//! treatment and guardrail of a results object, α divided among them. The server runs it
+//! continuously and stops what it finds (`abserve_server`'s `guardrails.rs`). The simulations in
+//! `tests/guardrails.rs` measure the decision itself.
 
-use serde::Serialize;
-
+use crate::experiment::Experiment;
 use crate::metric::Direction;
-use crate::sequential::sequential;
+use crate::sequential::{sequential, DEFAULT_TUNING};
 use crate::stats::Summary;
-
-/// Why a treatment is stopped: the metric, at how many units, the difference and its
-/// always-valid interval, the always-valid p-value against no difference, and the tolerated
-/// change the interval passed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Harm {
-    pub metric: String,
-    pub units: u64,
-    pub diff: f64,
-    pub ci_low: f64,
-    pub ci_high: f64,
-    pub p_value: f64,
-    pub threshold: f64,
-}
+pub use crate::stop::Harm;
+use crate::store::{Results, ALPHA};
 
 /// The harm `treatment` does against `control` on `metric`, if the always-valid sequence at
 /// level `alpha` shows it beyond `tolerance` (a relative change of control's mean, ≥ 0).
@@ -59,5 +48,47 @@ pub fn harm(
         ci_high: s.ci_high,
         p_value: s.p_value,
         threshold,
+        at: 0.0,
     })
+}
+
+/// Every active treatment of `r` that one of `e`'s guardrails finds harmful, with the harm
+/// found first (in the order the guardrails are listed). α is divided among the active
+/// treatments × guardrails (Bonferroni), so the chance that any harmless treatment of the
+/// experiment is stopped stays ≤ α.
+pub fn check(e: &Experiment, r: &Results) -> Vec<(String, Harm)> {
+    let control = &r.control;
+    let active: Vec<_> = r
+        .variants
+        .iter()
+        .filter(|v| !v.is_control && v.stopped.is_none())
+        .collect();
+    let comparisons = (active.len() * e.guardrails.len()).max(1);
+    let alpha = ALPHA / comparisons as f64;
+    let tuning = e.sequential_tuning.unwrap_or(DEFAULT_TUNING);
+    let Some(c) = r.variants.iter().find(|v| &v.id == control) else {
+        return vec![];
+    };
+    let mut found = vec![];
+    for v in active {
+        for g in &e.guardrails {
+            let (Some(cm), Some(tm)) = (c.metrics.get(&g.metric), v.metrics.get(&g.metric)) else {
+                continue;
+            };
+            let direction = e.direction_of(&g.metric);
+            if let Some(h) = harm(
+                &g.metric,
+                &cm.summary,
+                &tm.summary,
+                direction,
+                g.tolerance,
+                alpha,
+                tuning,
+            ) {
+                found.push((v.id.clone(), h));
+                break;
+            }
+        }
+    }
+    found
 }

@@ -3,8 +3,9 @@
 //! results. No HTTP here, no model.
 //!
 //! - `experiment`: definitions (TOML/JSON), validated; templates rendered with minijinja;
-//! - `guardrail`: whether a treatment is significantly worse on a metric (always valid; not
-//!   wired into the server yet);
+//! - `stop`: the evidence a guardrail stopped a treatment with;
+//! - `guardrail`: whether a treatment is significantly worse on a guardrail metric (always
+//!   valid), for every active treatment of an experiment;
 //! - `metric`: metric definitions (aggregation per unit, direction, percentile cap);
 //! - `assign`: GrowthBook's hashing and bucket ranges, equal to its SDKs on fixtures;
 //! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
@@ -28,6 +29,7 @@ mod paired;
 mod ratio;
 mod sequential;
 mod stats;
+mod stop;
 mod store;
 pub mod testing;
 mod variant;
@@ -37,9 +39,10 @@ pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
 pub use bayes::{bayesian, Bayesian};
 pub use experiment::{
     parse_file, parse_one, render, render_row, template_fields, Experiment, ExperimentFile,
-    Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES, TEMPLATE_FUEL,
+    Guardrail, Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES,
+    TEMPLATE_FUEL,
 };
-pub use guardrail::{harm, Harm};
+pub use guardrail::{check as check_guardrails, harm, Harm};
 pub use metric::{percentile, Aggregation, Direction, MetricDef};
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
@@ -53,6 +56,6 @@ pub use stats::{
 pub use store::{
     url_without_password, Adjusted, Analysis, Database, Exposure, HistoryPoint, Location,
     MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition,
-    StoreError, VariantResult, ALPHA, CHANNEL,
+    StoreError, VariantResult, VariantState, ALPHA, CHANNEL,
 };
 pub use variant::VariantError;

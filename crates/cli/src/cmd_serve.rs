@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// made through another replica takes to route here (PostgreSQL's NOTIFY is usually faster).
     #[arg(long, default_value_t = 2.0)]
     pub store_poll: f64,
+    /// Seconds between checks of every running experiment's guardrails (a treatment
+    /// significantly worse on one is stopped; docs/dashboard.md).
+    #[arg(long, default_value_t = 10.0)]
+    pub guardrail_interval: f64,
     /// Test-only: admit without checking free KV cells, in one unified KV pool (the only layout
     /// that can run out: a split stream always holds its own sequence).
     #[arg(long, hide = true)]
@@ -89,6 +93,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ("--drain-timeout", a.drain_timeout),
         ("--header-read-timeout", a.header_read_timeout),
         ("--store-poll", a.store_poll),
+        ("--guardrail-interval", a.guardrail_interval),
     ] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
@@ -124,6 +129,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
         header_read_timeout: Duration::from_secs_f64(a.header_read_timeout),
         cors_origins: a.cors_origins.clone(),
+        guardrail_interval: Duration::from_secs_f64(a.guardrail_interval),
     };
     let others = abserve_server::other_models(&engines);
     let state = AppState::with_models(engine, others, metrics, config, Some(ab));

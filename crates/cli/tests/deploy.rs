@@ -104,7 +104,10 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
             .text()
             .await
             .unwrap();
-        if text.contains("abserve_experiment_srm_p_value{") {
+        // and the guardrails' count of stopped variants (guardrails.rs, at start, then every 10 s)
+        if text.contains("abserve_experiment_srm_p_value{")
+            && text.contains("abserve_experiment_variants_stopped{")
+        {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

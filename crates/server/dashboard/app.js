@@ -238,13 +238,19 @@ function metricSection(r, metric) {
 }
 
 // What a variant runs under besides the default model: another model (by id), its LoRA
-// adapters (file names with scales).
+// adapters (file names with scales); and whether a guardrail stopped it.
 function variantNote(v) {
   const notes = [];
   if (v.model) notes.push(h('span', { class: 'muted model' }, ' (model: ' + v.model + ')'));
   if (v.adapters && v.adapters.length) {
     const names = v.adapters.map((a) => a.path.split('/').pop() + (a.scale === 1 ? '' : ' ×' + a.scale));
     notes.push(h('span', { class: 'muted adapters' }, ' (adapters: ' + names.join(', ') + ')'));
+  }
+  // stopped by a guardrail: by which metric, at how many units, with which p-value
+  if (v.state === 'stopped' && v.stopped) {
+    const st = v.stopped;
+    notes.push(h('span', { class: 'stopped lose', 'data-metric': st.metric },
+      ' stopped by guardrail ' + st.metric + ' at ' + st.units + ' units (Δ ' + num(st.diff) + ', always-valid [' + num(st.ci_low) + ', ' + num(st.ci_high) + '], p = ' + num(st.p_value) + ')'));
   }
   return notes.length ? notes : null;
 }

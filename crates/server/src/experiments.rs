@@ -314,13 +314,16 @@ pub fn route(
         ),
         _ => None,
     };
-    let i = assigned.unwrap_or(control);
+    // a variant stopped by a guardrail takes no units: its bucket is served the control and
+    // recorded no more (guardrails.rs)
+    let stopped = assigned.is_some_and(|i| e.variants[i].stopped.is_some());
+    let i = assigned.filter(|_| !stopped).unwrap_or(control);
     let routed = Routed {
         experiment: e.name.clone(),
         variant: e.variants[i].id.clone(),
         unit,
         forced: false,
-        record: assigned.is_some(),
+        record: assigned.is_some() && !stopped,
         kv_share: e.max_kv_share,
     };
     Ok((e, i, routed))

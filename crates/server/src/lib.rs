@@ -14,6 +14,7 @@ mod dashboard;
 mod engine_api;
 mod error;
 mod experiments;
+mod guardrails;
 mod health;
 mod metrics;
 mod model_metrics;

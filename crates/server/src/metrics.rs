@@ -21,6 +21,9 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     pub generation_errors: IntCounterVec,
     pub experiment_srm: GaugeVec,
+    /// Treatments stopped by guardrails, and per experiment the variants stopped now.
+    pub guardrail_stops: IntCounter,
+    pub experiment_stopped: IntGaugeVec,
     pub rejections_total: IntCounterVec,
     pub ttft: Histogram,
     pub request_duration: Histogram,
@@ -293,6 +296,8 @@ impl Metrics {
             store_errors,
             requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
             rejections_total,
+            guardrail_stops: reg.counter(names::GUARDRAIL_STOPS, "Treatments stopped by a guardrail (significantly worse than control on a guardrail metric)")?,
+            experiment_stopped: reg.gauges(names::EXPERIMENT_VARIANTS_STOPPED, "Variants of an experiment stopped by guardrails", "experiment")?,
             experiment_kv: reg.gauges(names::EXPERIMENT_KV_CELLS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
             experiment_kv_peak: reg.gauges(
                 names::EXPERIMENT_KV_CELLS_PEAK,

@@ -31,6 +31,7 @@ pub async fn serve(
     state.spawn_drain_meter();
     state.spawn_srm_meter();
     state.spawn_experiment_sync();
+    state.spawn_guardrails();
     let app = router(state.clone());
     let mut http = Builder::new(TokioExecutor::new());
     http.http1()

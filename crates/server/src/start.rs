@@ -79,6 +79,7 @@ impl ServerConfig {
             drain_timeout: Duration::from_secs(1),
             header_read_timeout: Duration::from_secs(10),
             cors_origins: vec![],
+            guardrail_interval: Duration::from_secs(10),
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Origins allowed by CORS (`--cors-origin`); none: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// How often running experiments' guardrails are checked (`guardrails.rs`).
+    pub guardrail_interval: Duration,
 }
 
 /// What the sequences of a group are, for the 400 that says it can never be accepted whole.

@@ -29,7 +29,8 @@ use sqlx::sqlite::{
 
 pub use error::{StoreCondition, StoreError};
 pub use results::{
-    Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult, ALPHA,
+    Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
+    VariantState, ALPHA,
 };
 
 use crate::experiment::Experiment;

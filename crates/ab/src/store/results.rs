@@ -255,10 +255,21 @@ pub struct VariantResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     pub is_control: bool,
+    /// `active`, or `stopped` by a guardrail (then `stopped` has the evidence).
+    pub state: VariantState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<crate::stop::Harm>,
     pub weight: f64,
     pub units: u64,
     pub exposures: u64,
     pub metrics: BTreeMap<String, MetricResult>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VariantState {
+    Active,
+    Stopped,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -409,6 +420,12 @@ pub(super) fn assemble(
                 adapters: v.adapters.clone(),
                 model: v.model.clone(),
                 is_control: &v.id == control,
+                state: if v.stopped.is_some() {
+                    VariantState::Stopped
+                } else {
+                    VariantState::Active
+                },
+                stopped: v.stopped.clone(),
                 weight,
                 units: units.get(&v.id).copied().unwrap_or(0),
                 exposures: exposures.get(&v.id).copied().unwrap_or(0),
@@ -417,7 +434,13 @@ pub(super) fn assemble(
         })
         .collect::<Vec<_>>();
     let comparisons = adjust_all(&mut variants);
-    let observed: Vec<u64> = variants.iter().map(|v| v.units).collect();
+    // a stopped variant's bucket is served the control unrecorded: the split is checked over
+    // the active variants
+    let active: Vec<usize> = (0..variants.len())
+        .filter(|&i| variants[i].stopped.is_none())
+        .collect();
+    let observed: Vec<u64> = active.iter().map(|&i| variants[i].units).collect();
+    let active_weights: Vec<f64> = active.iter().map(|&i| weights[i]).collect();
     Results {
         experiment: e.name.clone(),
         analysis,
@@ -425,7 +448,7 @@ pub(super) fn assemble(
         alpha: ALPHA,
         sequential_tuning: tuning,
         comparisons,
-        srm: srm(&observed, &weights),
+        srm: srm(&observed, &active_weights),
         variants,
     }
 }

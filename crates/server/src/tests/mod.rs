@@ -68,6 +68,7 @@ async fn app_with(
         drain_timeout: Duration::from_secs(1),
         header_read_timeout: Duration::from_secs(5),
         cors_origins: vec![],
+        guardrail_interval: Duration::from_secs(10),
     };
     let (ab, dir) = match experiments {
         Some(toml) => {
