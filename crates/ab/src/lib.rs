@@ -43,7 +43,7 @@ pub use experiment::{
     TEMPLATE_FUEL,
 };
 pub use guardrail::{check as check_guardrails, harm, Harm};
-pub use metric::{percentile, Aggregation, Direction, MetricDef};
+pub use metric::{Aggregation, Direction, MetricDef};
 pub use paired::{
     binomial_two_sided, mcnemar, paired_t, quantile, quantiles, sign_test, McNemar, PairedT,
     SignTest,

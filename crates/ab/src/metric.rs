@@ -85,26 +85,18 @@ impl MetricDef {
     }
 }
 
-/// The `p` percentile of `values` with linear interpolation between order statistics (SQL's
-/// `PERCENTILE_CONT`, numpy's default); `None` for no values.
-pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = p.clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-    Some(v[lo] + (v[hi] - v[lo]) * (rank - lo as f64))
-}
-
-/// Caps every variant's values at the `p` percentile of all of them; returns the cap.
+/// Caps every variant's values at the `p` percentile of all of them; returns the cap (`None`
+/// without values).
 pub(crate) fn winsorise(by_variant: &mut [(String, Vec<f64>)], p: f64) -> Option<f64> {
     let all: Vec<f64> = by_variant
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
         .collect();
-    let cap = percentile(&all, p)?;
+    if all.is_empty() {
+        return None;
+    }
+    // linear interpolation between order statistics: SQL's PERCENTILE_CONT, numpy's default
+    let cap = crate::paired::quantile(&all, p);
     for (_, values) in by_variant.iter_mut() {
         for x in values.iter_mut() {
             *x = x.min(cap);
@@ -118,12 +110,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_interpolate_as_percentile_cont() {
-        let v = [1.0, 2.0, 3.0, 4.0, 10.0];
-        assert_eq!(percentile(&v, 0.5), Some(3.0));
-        assert!((percentile(&v, 0.9).unwrap() - 7.6).abs() < 1e-12);
-        assert_eq!(percentile(&v, 1.0), Some(10.0));
-        assert_eq!(percentile(&[], 0.5), None);
+    fn caps_interpolate_as_percentile_cont_and_units_get_their_aggregate() {
+        let mut v = vec![
+            ("a".to_string(), vec![1.0, 2.0, 10.0]),
+            ("b".to_string(), vec![3.0, 4.0]),
+        ];
+        assert!((winsorise(&mut v.clone(), 0.9).unwrap() - 7.6).abs() < 1e-12);
+        assert_eq!(winsorise(&mut v.clone(), 1.0), Some(10.0));
+        assert_eq!(winsorise(&mut v, 0.5), Some(3.0));
+        assert_eq!(v[0].1, vec![1.0, 2.0, 3.0]);
+        assert_eq!(winsorise(&mut vec![("a".to_string(), vec![])], 0.5), None);
         let def = |a| MetricDef {
             name: "m".into(),
             aggregation: a,

@@ -7,17 +7,7 @@ use abserve_ab::{
 use serde_json::Value;
 
 mod common;
-use common::floats;
-
-fn close(a: f64, b: &Value, what: &str) {
-    let b = b
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what}: no reference value"));
-    assert!(
-        (a - b).abs() <= 1e-6 * b.abs().max(1.0),
-        "{what}: {a} vs reference {b}"
-    );
-}
+use common::{close, floats};
 
 fn fixtures() -> Value {
     serde_json::from_str(include_str!("fixtures/gbstats.json")).unwrap()

@@ -8,15 +8,8 @@ use abserve_ab::testing::Fresh;
 use abserve_ab::{parse_file, Exposure, OutcomeEvent};
 use serde_json::Value;
 
-fn close(a: f64, b: &Value, what: &str) {
-    let b = b
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what}: no reference value"));
-    assert!(
-        (a - b).abs() <= 1e-6 * b.abs().max(1.0),
-        "{what}: {a} vs reference {b}"
-    );
-}
+mod common;
+use common::close;
 
 async fn check(f: &Fresh) {
     let fx: Value = serde_json::from_str(include_str!("fixtures/metric_definitions.json")).unwrap();

@@ -180,7 +180,12 @@ fn report(
 /// In process: every model a variant names must be one of the `--model` flags (checked before
 /// any model loads).
 fn models_named(a: &EvalArgs, cfg: &EvalConfig) -> anyhow::Result<()> {
-    let ids: Vec<String> = a.model.model_configs()?.into_iter().map(|m| m.id).collect();
+    let ids: Vec<String> = a
+        .model
+        .models_sharing(|_| Ok(()))?
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
     for v in &cfg.experiment.variants {
         if let Some(m) = v.model.as_ref().filter(|m| !ids.contains(m)) {
             anyhow::bail!(

@@ -208,13 +208,7 @@ fn different_adapters_concurrently_equal_each_alone_and_never_share_kv() {
         .flat_map(|s| prompts.iter().map(move |p| under(p, 16, s)))
         .map(|r| engine.submit(r).unwrap())
         .collect();
-    let together: Vec<Vec<i32>> = rxs
-        .into_iter()
-        .map(|rx| std::thread::spawn(move || common::collect(rx).unwrap().tokens))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .collect();
+    let together = common::tokens_of_all(rxs);
     // llama.cpp's CPU kernels round a batch of rows differently from one row (batching.rs), and
     // the random adapters make near-ties common; a crossed adapter or crossed KV would part at
     // confident tokens

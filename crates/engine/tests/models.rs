@@ -150,12 +150,6 @@ fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
         .iter()
         .map(|e| common::greedy(e, &prompt_of(e), 12))
         .collect();
-    let together: Vec<Vec<i32>> = rxs
-        .into_iter()
-        .map(|rx| std::thread::spawn(move || common::collect(rx).unwrap().tokens))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .collect();
+    let together = common::tokens_of_all(rxs);
     assert_eq!(together, alone);
 }

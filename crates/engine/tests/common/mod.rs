@@ -84,3 +84,13 @@ pub fn run_all(engine: &Engine, prompts: &[Vec<i32>], params: &SamplingParams) -
         .map(|h| h.join().unwrap().expect("request completes"))
         .collect()
 }
+
+/// The tokens of every receiver, each collected on its own thread (all decoding at once).
+pub fn tokens_of_all(rxs: Vec<UnboundedReceiver<Event>>) -> Vec<Vec<i32>> {
+    rxs.into_iter()
+        .map(|rx| std::thread::spawn(move || collect(rx).unwrap().tokens))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect()
+}
