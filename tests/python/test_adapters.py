@@ -6,6 +6,7 @@ naming the field. The adapters are random GGUF LoRA files that scripts/test-lora
 the ignored models/test/ folder."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -180,3 +181,53 @@ def test_an_experiment_of_prompt_and_adapter_variants(lora_server):
         "name": "unknown", "variants": [{"id": "a"}, {"id": "b", "adapters": [{"path": "/nowhere/x.gguf"}]}]})
     assert status == 400, text
     assert json.loads(text)["error"]["param"] == "variants.b.adapters[0].path", text
+
+
+def test_adapters_are_loaded_on_demand_and_unloaded_when_nothing_references_them(tmp_path):
+    """A folder of two adapters with room for one: an adapter nothing references (no running
+    request, no experiment) is unloaded when the other needs its room; one a running request
+    holds is a 429 for the other, one an experiment names is a 400 until the experiment is gone."""
+    a, b = lora(1), lora(2)
+    for src, name in [(a, "a.gguf"), (b, "b.gguf")]:
+        shutil.copy(src, tmp_path / name)
+    s = Server("--adapter-dir", str(tmp_path), "--adapter-memory", str(os.path.getsize(a)))
+    try:
+        c = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0)
+        under_a = ask(s, [{"path": "a.gguf"}])
+        assert metric(s, "abserve_adapters_loaded") == 1
+        assert metric(s, "abserve_adapter_bytes_admitted") <= metric(s, "abserve_adapter_bytes_reserved")
+        # while a request under a runs (no end of text: 400 tokens), b has no room: 429
+        stream = c.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "Count to one hundred."}], max_tokens=400,
+            stream=True, logit_bias={"0": -100, "2": -100}, extra_body={"adapters": [{"path": "a.gguf"}]})
+        chunks = iter(stream)
+        next(chunks)
+        with pytest.raises(openai.RateLimitError) as e:
+            c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                      extra_body={"adapters": [{"path": "b.gguf"}]})
+        assert e.value.body["param"] == "adapters[0].path", e.value.body
+        assert "1 that running requests use" in e.value.body["message"], e.value.body
+        assert e.value.response.headers["retry-after"] == "1"
+        for _ in chunks:
+            pass
+        # a has finished: b takes its room, and a comes back with the same answer
+        under_b = ask(s, [{"path": "b.gguf"}])
+        assert under_b != under_a
+        assert metric(s, "abserve_adapter_unloads_total") == 1
+        assert metric(s, "abserve_adapters_loaded") == 1
+        assert ask(s, [{"path": "a.gguf"}]) == under_a
+        assert metric(s, "abserve_adapter_unloads_total") == 2
+        # an experiment names b: it stays loaded, and a is refused for good while it exists
+        status, text = http("POST", s.url + "/experiments", {
+            "name": "pins", "variants": [{"id": "control"}, {"id": "tuned", "adapters": [{"path": "b.gguf"}]}]})
+        assert status == 201, text
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(s, [{"path": "a.gguf"}])
+        assert "1 that experiments name" in e.value.body["message"], e.value.body
+        assert ask(s, [{"path": "b.gguf"}]) == under_b
+        status, text = http("DELETE", s.url + "/experiments/pins")
+        assert status == 200, text
+        assert ask(s, [{"path": "a.gguf"}]) == under_a
+        assert metric(s, "abserve_adapter_unloads_total") == 4
+    finally:
+        s.stop()

@@ -96,8 +96,9 @@ struct EngineThread {
     stats: Arc<EngineStats>,
     observer: Option<StepObserver>,
     failure: Arc<Mutex<Option<String>>>,
-    /// LoRA adapters to load before the first request (`--lora`), as the budget resolved them.
-    preload: Vec<PathBuf>,
+    /// The plan's adapter reservation: the adapters to load before the first request (`--lora`,
+    /// as it resolved them), and what may be loaded and must be freed later.
+    adapters: Option<AdapterBudget>,
 }
 
 impl EngineThread {
@@ -119,7 +120,12 @@ impl EngineThread {
                     }
                 };
                 let mut loras = HashMap::new();
-                for p in &self.preload {
+                let preload = self
+                    .adapters
+                    .as_ref()
+                    .map(|a| a.admitted())
+                    .unwrap_or_default();
+                for (p, _) in &preload {
                     match self.model.load_lora(p) {
                         Ok(a) => loras.insert(p.clone(), a),
                         Err(e) => {
@@ -127,6 +133,9 @@ impl EngineThread {
                             return;
                         }
                     };
+                    if let Some(b) = &self.adapters {
+                        b.mark_loaded(p);
+                    }
                 }
                 let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
                 let mut compute = LlamaCompute {
@@ -134,6 +143,7 @@ impl EngineThread {
                     ctx,
                     loras,
                     applied: Default::default(),
+                    budget: self.adapters,
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
                 if let Some(o) = self.observer {
@@ -203,11 +213,9 @@ impl Engine {
         }
         // adapters are checked against the model and the plan before anything is loaded
         let adapters = adapter_budget(&cfg, &plan, &header)?;
-        let preload = adapters
-            .as_ref()
-            .map(|a| a.admitted().into_iter().map(|(p, _)| p).collect())
-            .unwrap_or_default();
         let rss_before_load = current_rss();
+        // what llama.cpp logged before (another engine's adapters loaded on demand) is not ours
+        let _ = take_buffer_log();
         // a fake device (tests) plans and admits like a real one but loads nothing onto it
         let placement = cfg
             .device
@@ -232,7 +240,7 @@ impl Engine {
             stats: stats.clone(),
             observer,
             failure: failure.clone(),
-            preload,
+            adapters: adapters.clone(),
         }
         .spawn(rx)?;
         let measured = MeasuredMemory {

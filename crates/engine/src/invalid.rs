@@ -14,6 +14,9 @@ pub struct PrepareError {
     /// What it held, where that can be said.
     pub value: Option<String>,
     pub message: String,
+    /// The request is valid but cannot run now (what it needs is held by running requests):
+    /// the server answers 429 with `Retry-After` instead of 400.
+    pub retry: bool,
 }
 
 impl PrepareError {
@@ -23,6 +26,7 @@ impl PrepareError {
             limit: None,
             value: None,
             message: message.into(),
+            retry: false,
         }
     }
 
@@ -30,6 +34,12 @@ impl PrepareError {
     pub fn beyond(mut self, limit: impl ToString, value: impl ToString) -> Self {
         self.limit = Some(limit.to_string());
         self.value = Some(value.to_string());
+        self
+    }
+
+    /// The same error, marked as passing once running requests finish.
+    pub fn retry_later(mut self) -> Self {
+        self.retry = true;
         self
     }
 

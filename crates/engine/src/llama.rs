@@ -20,7 +20,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaLoraAdapter, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
-use crate::adapters::AdapterSet;
+use crate::adapters::{AdapterBudget, AdapterSet};
 use crate::grammar::{TokenBytes, Vocab};
 use crate::plan::{KvType, MemoryPlan};
 use crate::scheduler::{Compute, Snapshot};
@@ -440,13 +440,45 @@ impl<'m> Context<'m> {
 pub(crate) struct LlamaCompute<'m> {
     pub model: &'m Model,
     pub ctx: Context<'m>,
-    /// LoRA adapters loaded on the model, by path (llama.cpp frees them with the model).
+    /// LoRA adapters loaded on the model, by path (freed when the budget unloads them, else
+    /// with the model).
     pub loras: HashMap<PathBuf, LlamaLoraAdapter>,
     /// The set applied to the context now.
     pub applied: AdapterSet,
+    /// The plan's adapter reservation: what may be loaded, and what to free.
+    pub budget: Option<AdapterBudget>,
 }
 
 impl LlamaCompute<'_> {
+    /// Frees the adapters the budget unloaded, taking them off the context first.
+    fn free_unloaded(&mut self) -> Result<(), String> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        for path in budget.take_unloaded() {
+            if self.applied.iter().any(|(p, _)| p == path) {
+                self.apply(&AdapterSet::default())?;
+                self.applied = AdapterSet::default();
+            }
+            if let Some(a) = self.loras.remove(&path) {
+                // SAFETY: `LlamaLoraAdapter` is #[repr(transparent)] over
+                // `NonNull<llama_adapter_lora>` (see `Model::load_lora`), so this is the pointer
+                // llama.cpp gave. The context no longer applies it (taken off above), no other
+                // handle to it exists (removed from the map, which held the only one), and
+                // llama.cpp's free unregisters it from the model before deleting it.
+                unsafe {
+                    let raw = std::mem::transmute::<
+                        LlamaLoraAdapter,
+                        NonNull<llama_cpp_sys_2::llama_adapter_lora>,
+                    >(a);
+                    llama_cpp_sys_2::llama_adapter_lora_free(raw.as_ptr());
+                }
+                tracing::debug!("adapter {} freed", path.display());
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, set: &AdapterSet) -> Result<(), String> {
         let mut items = set.iter();
         let Some((path, scale)) = items.next() else {
@@ -469,6 +501,9 @@ impl LlamaCompute<'_> {
         if !self.loras.contains_key(path) {
             let a = self.model.load_lora(path)?;
             self.loras.insert(path.to_path_buf(), a);
+            if let Some(b) = &self.budget {
+                b.mark_loaded(path);
+            }
         }
         let adapter = self.loras.get_mut(path).expect("inserted above");
         self.ctx
@@ -521,6 +556,8 @@ impl Compute for LlamaCompute<'_> {
         self.model.is_eog(token)
     }
     fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), String> {
+        // what was unloaded is freed before anything else is loaded: loaded <= reserved
+        self.free_unloaded()?;
         if *set == self.applied {
             return Ok(());
         }

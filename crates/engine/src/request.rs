@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::adapters::AdapterSet;
+use crate::adapters::{AdapterLease, AdapterSet};
 use crate::grammar::Constraint;
 use crate::sampler::{SamplingParams, TokenLogprob};
 
@@ -25,6 +25,8 @@ pub struct Request {
     /// The LoRA adapters it runs under (empty: the base model), admitted into the plan's
     /// adapter reservation by the preparation stage.
     pub adapters: AdapterSet,
+    /// Keeps those adapters loaded while the request lives (its sequence takes it over).
+    pub lease: AdapterLease,
 }
 
 impl Request {
@@ -37,6 +39,7 @@ impl Request {
             kv_share: None,
             constraint: None,
             adapters: AdapterSet::default(),
+            lease: AdapterLease::default(),
         }
     }
 }

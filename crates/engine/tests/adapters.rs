@@ -63,12 +63,16 @@ fn engine_with(adapters: &[PathBuf], tweak: impl FnOnce(&mut EngineConfig)) -> E
     Engine::start(cfg).unwrap()
 }
 
+/// Held by the tests that read llama.cpp's log of adapter buffers and by those that load
+/// adapters after start (which log buffers too).
+static LOG: Mutex<()> = Mutex::new(());
+
 fn set(engine: &Engine, path: &Path, scale: f32) -> AdapterSet {
     let a = Adapter {
         path: path.display().to_string(),
         scale,
     };
-    adapter_set(engine.adapters(), Some(&[a])).unwrap()
+    adapter_set(engine.adapters(), Some(&[a])).unwrap().0
 }
 
 fn under(prompt: &[i32], max_tokens: u32, adapters: &AdapterSet) -> Request {
@@ -267,6 +271,7 @@ fn different_adapters_concurrently_equal_each_alone_and_never_share_kv() {
 #[test]
 fn planned_adapter_bytes_equal_llama_cpp_lora_buffers_and_what_does_not_fit_is_refused() {
     let (a, b) = (lora(1), lora(2));
+    let _log = LOG.lock().unwrap_or_else(|p| p.into_inner());
     let engine = engine_with(&[a.clone(), b.clone()], |_| {});
     let planned = engine.plan().adapter_bytes;
     let got = engine.measured().llama.adapters;
@@ -280,33 +285,22 @@ fn planned_adapter_bytes_equal_llama_cpp_lora_buffers_and_what_does_not_fit_is_r
     let budget = engine.adapters().unwrap();
     assert_eq!(budget.used(), planned);
 
-    // a folder of adapters with room for one: the second is refused with the numbers
-    let dir = std::env::temp_dir().join(format!("abserve-adapter-dir-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for (src, name) in [(&a, "a.gguf"), (&b, "b.gguf")] {
-        std::fs::copy(src, dir.join(name)).unwrap();
-    }
-    let one = std::fs::metadata(&a).unwrap().len();
-    let engine = engine_with(&[], |c| {
-        c.adapter_dir = Some(dir.clone());
-        c.adapter_memory = one;
-    });
-    let name = |n: &str| {
-        Some(vec![Adapter {
-            path: n.into(),
-            scale: 1.0,
-        }])
-    };
-    let first = adapter_set(engine.adapters(), name("a.gguf").as_deref()).unwrap();
+    // a folder of adapters with room for one: while a request holds the first, the second is
+    // refused for now (429) with the numbers
+    let dir = adapter_dir("refused", &[(&a, "a.gguf"), (&b, "b.gguf")]);
+    let engine = room_for_one(&dir, &a);
+    let (first, held) = adapter_set(engine.adapters(), name("a.gguf").as_deref()).unwrap();
     let prompt = engine.prompt_tokens("Hello");
     assert!(!tokens(&engine, under(&prompt, 4, &first)).is_empty());
     let e = adapter_set(engine.adapters(), name("b.gguf").as_deref()).unwrap_err();
     assert_eq!(e.field, "adapters[0].path");
+    assert!(e.retry, "{e}");
     let msg = e.to_string();
     assert!(
-        msg.contains("reserved") && msg.contains("--adapter-memory"),
+        msg.contains("reserved") && msg.contains("1 that running requests use"),
         "{msg}"
     );
+    drop(held);
     // outside the folder, or not an adapter at all
     let e = adapter_set(engine.adapters(), name("../escape.gguf").as_deref()).unwrap_err();
     assert!(
@@ -320,5 +314,97 @@ fn planned_adapter_bytes_equal_llama_cpp_lora_buffers_and_what_does_not_fit_is_r
     let bare = engine_with(&[], |_| {});
     let e = adapter_set(bare.adapters(), name("a.gguf").as_deref()).unwrap_err();
     assert!(e.to_string().contains("no LoRA adapters"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn name(n: &str) -> Option<Vec<Adapter>> {
+    Some(vec![Adapter {
+        path: n.into(),
+        scale: 1.0,
+    }])
+}
+
+/// A fresh folder holding copies of `files` (source, name).
+fn adapter_dir(test: &str, files: &[(&PathBuf, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("abserve-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (src, name) in files {
+        std::fs::copy(src, dir.join(name)).unwrap();
+    }
+    dir
+}
+
+/// An engine that takes adapters from `dir` with room for one the size of `like`.
+fn room_for_one(dir: &Path, like: &Path) -> Engine {
+    let one = std::fs::metadata(like).unwrap().len();
+    engine_with(&[], |c| {
+        c.adapter_dir = Some(dir.to_path_buf());
+        c.adapter_memory = one;
+    })
+}
+
+/// An adapter nothing references is unloaded when another needs its room (llama.cpp frees it
+/// before loading the other); one a request holds or an experiment pins is not. The tokens
+/// under each adapter stay those of an engine that loaded it at start, also after reloading.
+#[test]
+fn an_adapter_nothing_references_is_unloaded_when_its_room_is_needed() {
+    let (a, b) = (lora(1), lora(2));
+    let _log = LOG.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = adapter_dir("unload", &[(&a, "a.gguf"), (&b, "b.gguf")]);
+    let engine = room_for_one(&dir, &a);
+    let budget = engine.adapters().unwrap();
+    let prompt = engine.prompt_tokens("Tell me about the sea.");
+    let run = |n: &str| {
+        let (set, lease) = adapter_set(engine.adapters(), name(n).as_deref()).unwrap();
+        let req = Request {
+            lease,
+            ..under(&prompt, 12, &set)
+        };
+        tokens(&engine, req)
+    };
+    let names = |v: Vec<PathBuf>| -> Vec<String> {
+        v.iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+
+    let under_a = run("a.gguf");
+    assert_eq!(names(budget.loaded()), ["a.gguf"]);
+    assert_eq!(budget.unloads(), 0);
+    // a finished: b takes its room; llama.cpp holds only b once b ran
+    let under_b = run("b.gguf");
+    assert_eq!(budget.unloads(), 1);
+    let admitted: Vec<PathBuf> = budget.admitted().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(names(admitted), ["b.gguf"]);
+    assert_eq!(names(budget.loaded()), ["b.gguf"]);
+    assert_ne!(under_a, under_b);
+    // a again: reloaded, the same tokens
+    assert_eq!(run("a.gguf"), under_a);
+    assert_eq!(budget.unloads(), 2);
+    assert_eq!(names(budget.loaded()), ["a.gguf"]);
+    let alone = engine_with(&[dir.join("b.gguf")], |_| {});
+    let (set_b, _) = adapter_set(
+        alone.adapters(),
+        name(&dir.join("b.gguf").display().to_string()).as_deref(),
+    )
+    .unwrap();
+    assert_eq!(tokens(&alone, under(&prompt, 12, &set_b)), under_b);
+    drop(alone);
+
+    // an experiment names a: it stays, and b is refused for good (400) with the numbers
+    budget.pin_with(Box::new(|| vec!["a.gguf".to_string()]));
+    let e = adapter_set(engine.adapters(), name("b.gguf").as_deref()).unwrap_err();
+    assert!(!e.retry, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("1 that experiments name") && msg.contains("--adapter-memory"),
+        "{msg}"
+    );
+    assert_eq!(names(budget.loaded()), ["a.gguf"]);
+    // the experiment is gone: b may take the room
+    budget.pin_with(Box::new(Vec::new));
+    assert_eq!(run("b.gguf"), under_b);
+    assert_eq!(names(budget.loaded()), ["b.gguf"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -92,6 +92,13 @@ pub const WORKER_JOB_SECONDS: &str = "abserve_worker_job_seconds_total";
 /// variants stopped now (label `experiment`).
 pub const GUARDRAIL_STOPS: &str = "abserve_guardrail_stops_total";
 pub const EXPERIMENT_VARIANTS_STOPPED: &str = "abserve_experiment_variants_stopped";
+/// LoRA adapters of the default model (`adapters/budget.rs` in the engine): the plan's
+/// reservation, the bytes admitted into it, the adapters llama.cpp holds, and how many were
+/// unloaded because nothing referenced them and their room was needed.
+pub const ADAPTER_BYTES_RESERVED: &str = "abserve_adapter_bytes_reserved";
+pub const ADAPTER_BYTES_ADMITTED: &str = "abserve_adapter_bytes_admitted";
+pub const ADAPTERS_LOADED: &str = "abserve_adapters_loaded";
+pub const ADAPTER_UNLOADS: &str = "abserve_adapter_unloads_total";
 /// Per model (`model` label; every model of a server, the default too): its plan and its
 /// engine's KV, queue and tokens.
 pub const MODEL_BUDGET: &str = "abserve_model_budget_bytes";

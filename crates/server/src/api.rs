@@ -266,6 +266,7 @@ async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, Ap
             kv_share,
             constraint: p.constraint.take(),
             adapters: p.adapters.clone(),
+            lease: std::mem::take(&mut p.lease),
         })
         .collect();
     let what = match req.kind {

@@ -49,8 +49,14 @@ impl ApiError {
             e => Self::unavailable(e.to_string()),
         }
     }
-    /// A request the preparation stage refused: 400 naming the field.
+    /// A request the preparation stage refused: 400 naming the field, or 429 when it is valid
+    /// but what it needs is held by running requests now (`PrepareError::retry`).
     pub fn prepare(e: PrepareError) -> Self {
+        if e.retry {
+            let mut r = Self::overloaded(e.message, 1);
+            r.param = Some(e.field);
+            return r;
+        }
         Self::invalid_param(&e.field, e.message)
     }
     pub fn unauthorized() -> Self {

@@ -452,6 +452,7 @@ fn fanout_requests(
             kv_share: exp.max_kv_share,
             constraint: p.constraint,
             adapters: p.adapters,
+            lease: p.lease,
         };
         requests.push(((model, r), p.tools));
     }

@@ -112,6 +112,7 @@ async fn probe_model(engine: &dyn crate::engine_api::EngineApi) -> Result<(), St
         kv_share: None,
         constraint: None,
         adapters: Default::default(),
+        lease: Default::default(),
     };
     let rx = engine
         .submit(req)

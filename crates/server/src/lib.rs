@@ -8,6 +8,7 @@
 //! served at `/` from assets embedded in the binary.
 
 mod abstate;
+mod adapter_metrics;
 mod api;
 mod auth;
 mod dashboard;

@@ -50,6 +50,9 @@ pub fn start_models(
     for (id, e) in &engines {
         metrics.add_model(id, e);
     }
+    if let Some(budget) = abserve_engine::prepare::Tokenizer::adapters(&*engines[0].1) {
+        crate::adapter_metrics::add(&metrics, budget.clone())?;
+    }
     Ok((engines, metrics))
 }
 

@@ -94,7 +94,7 @@ impl AppState {
         config: ServerConfig,
         ab: Option<crate::abstate::AbState>,
     ) -> Arc<Self> {
-        Arc::new(AppState {
+        let state = Arc::new(AppState {
             engine: Box::new(engine),
             others,
             metrics,
@@ -105,7 +105,35 @@ impl AppState {
             ready: tokio::sync::Mutex::new(None),
             ab,
             prep: tokio::sync::Semaphore::new(Self::prep_slots()),
-        })
+        });
+        state.pin_adapters();
+        state
+    }
+
+    /// Keeps the adapters that experiments' active variants name loaded while they name them
+    /// (the default model's budget asks at each admission that needs room; a weak reference, so
+    /// the budget does not keep the server alive).
+    fn pin_adapters(self: &Arc<Self>) {
+        let Some(budget) = self.engine.adapters() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        budget.pin_with(Box::new(move || {
+            let Some(st) = weak.upgrade() else {
+                return vec![];
+            };
+            let Some(ab) = &st.ab else { return vec![] };
+            let mut names = vec![];
+            for e in ab.list() {
+                for v in e.variants.iter().filter(|v| v.stopped.is_none()) {
+                    if st.variant_model(v).is_ok_and(|m| m == 0) {
+                        let s = v.sampling();
+                        names.extend(s.adapters.unwrap_or_default().into_iter().map(|a| a.path));
+                    }
+                }
+            }
+            names
+        }));
     }
 
     /// Half the cores (at least one): the other half keeps answering `/health` and streaming

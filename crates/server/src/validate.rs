@@ -72,7 +72,8 @@ pub fn variant(v: &abserve_ab::Variant, tok: &dyn Tokenizer, context: u64) -> Re
     let shaped = shape(tok, Some(&probe), &v.structure()).map_err(at)?;
     constraint(tok, shaped.grammar.as_ref()).map_err(at)?;
     // the variant's adapters are admitted into the plan now, so that an experiment that names
-    // one that does not fit is refused at creation, not at its first request
+    // one that does not fit is refused at creation, not at its first request (once stored, the
+    // experiment keeps them loaded: `AppState::pin_adapters`)
     adapter_set(tok.adapters(), s.adapters.as_deref()).map_err(at)?;
     Ok(())
 }

@@ -26,7 +26,7 @@ mod wire;
 
 use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 
-use crate::adapters::{adapter_set, AdapterBudget, AdapterSet};
+use crate::adapters::{adapter_set, AdapterBudget, AdapterLease, AdapterSet};
 use crate::chat::ChatTemplateError;
 use crate::grammar::{Constraint, Grammars};
 use crate::request::Request;
@@ -150,6 +150,8 @@ pub struct Prepared {
     pub tools: Option<ToolUse>,
     /// The LoRA adapters it runs under (empty: the base model).
     pub adapters: AdapterSet,
+    /// Keeps them loaded until the request's sequence ends.
+    pub lease: AdapterLease,
 }
 
 impl Prepared {
@@ -158,6 +160,7 @@ impl Prepared {
         Request {
             constraint: self.constraint,
             adapters: self.adapters,
+            lease: self.lease,
             ..Request::new(self.prompt, self.params)
         }
     }
@@ -228,13 +231,14 @@ pub fn prepare(
         field,
     )?;
     let constraint = constraint(tok, shaped.grammar.as_ref())?;
-    let adapters = adapter_set(tok.adapters(), sampling.adapters.as_deref())?;
+    let (adapters, lease) = adapter_set(tok.adapters(), sampling.adapters.as_deref())?;
     Ok(Prepared {
         prompt,
         params,
         constraint,
         tools: shaped.tools,
         adapters,
+        lease,
     })
 }
 

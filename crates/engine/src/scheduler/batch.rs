@@ -89,7 +89,7 @@ impl Scheduler {
         for &i in idx.iter().rev() {
             let a = self.running.remove(i);
             // release also drops the sequence from llama.cpp's cache, not only from our accounting
-            let s = self.release(be, a);
+            let s = self.release(be, a).ended();
             self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(err.clone()));
         }
@@ -129,7 +129,7 @@ impl Scheduler {
             let reason = match end {
                 End::Finish(reason) => reason,
                 End::Fail(e) => {
-                    let s = self.release(be, a);
+                    let s = self.release(be, a).ended();
                     self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
                     let _ = s.tx.send(Event::Error(e));
                     continue;
@@ -139,7 +139,8 @@ impl Scheduler {
                 self.keep_prefix(be, a)
             } else {
                 self.release(be, a)
-            };
+            }
+            .ended();
             let now = Instant::now();
             let admitted = s.admitted.unwrap_or(s.arrived);
             let grammar = s.constraint.as_mut().map(|c| GrammarOutcome {

@@ -268,6 +268,7 @@ impl Scheduler {
             unemitted: 0,
             forced: 0,
             adapters,
+            lease: req.lease,
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use crate::adapters::AdapterLease;
 use crate::grammar::Constraint;
 use crate::request::EventSender;
 use crate::sampler::Sampler;
@@ -45,9 +46,18 @@ pub(super) struct Seq {
     pub forced: usize,
     /// The adapter set the sequence runs under (the scheduler's id for it; 0: the base model).
     pub adapters: u32,
+    /// Keeps the set's adapters loaded until the sequence is dropped (`adapters/budget.rs`):
+    /// released by [`Seq::ended`].
+    pub lease: AdapterLease,
 }
 
 impl Seq {
+    /// The sequence once it has ended, before its caller hears so: its adapters are released
+    /// first, so a caller that sends its next request at once finds their room free.
+    pub fn ended(mut self) -> Self {
+        self.lease = AdapterLease::default();
+        self
+    }
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.n_prompt
     }

@@ -17,6 +17,7 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
                 kv_share: None,
                 constraint: None,
                 adapters: Default::default(),
+                lease: Default::default(),
             };
             ((req, tx), rx)
         })

@@ -50,6 +50,7 @@ fn submit_constrained(
         Request {
             constraint: Some(c),
             adapters: Default::default(),
+            lease: Default::default(),
             ..Request::new(prompt, params)
         },
         tx,

@@ -358,6 +358,7 @@ fn submit(
             kv_share: None,
             constraint: None,
             adapters: Default::default(),
+            lease: Default::default(),
         },
         tx,
     );

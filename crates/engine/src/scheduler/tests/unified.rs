@@ -91,6 +91,7 @@ fn a_finished_prefix_is_reused_by_a_later_request_with_the_same_tokens() {
                 kv_share: None,
                 constraint: None,
                 adapters: Default::default(),
+                lease: Default::default(),
             },
             tx,
         );
@@ -268,6 +269,7 @@ fn eog_stops_and_stop_strings_cut() {
             kv_share: None,
             constraint: None,
             adapters: Default::default(),
+            lease: Default::default(),
         },
         tx,
     );
@@ -295,6 +297,7 @@ fn a_group_with_a_kv_share_never_holds_more_and_others_keep_running() {
                 kv_share: Some(0.25),
                 constraint: None,
                 adapters: Default::default(),
+                lease: Default::default(),
             },
             tx,
         );
