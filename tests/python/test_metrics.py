@@ -122,3 +122,112 @@ def test_a_harmful_treatment_is_stopped_by_its_guardrail():
             browser.close()
     finally:
         s.stop()
+
+
+def test_cuped_adjusts_with_events_from_before_the_first_exposure(server):
+    """Units' spend last week (events timestamped before their first exposure) predicts their
+    spend now: with `cuped = true` the results carry the adjusted read-out beside the plain one,
+    with a narrower interval, the variance reduction and θ; the CLI-facing JSON and the
+    dashboard show it; events older than the lookback window are left out."""
+    import time
+    s = server
+    exp = {"name": "spend", "variants": [{"id": "a", "max_tokens": 1}, {"id": "b", "max_tokens": 1}],
+           "metrics": [{"name": "spend", "aggregation": "sum", "cuped": True, "lookback_days": 7}]}
+    status, text = http("POST", s.url + "/experiments", exp)
+    assert status == 201, text
+    assert json.loads(text)["metrics"][0]["cuped"] is True
+    status, text = http("POST", s.url + "/experiments", dict(exp, name="bad", metrics=[{"name": "error", "cuped": True}]))
+    assert status == 400 and "automatic metric" in text, text
+    c = openai.OpenAI(base_url=s.url, api_key="unused")
+    rng = random.Random(5)
+    start = time.time()
+    pre, post = [], []
+    for u in range(80):
+        raw = c.chat.completions.with_raw_response.create(
+            model="experiment:spend", messages=[{"role": "user", "content": "Hi"}], user=f"s{u}")
+        v = raw.headers["x-abserve-variant"]
+        level = rng.gauss(50, 15)
+        pre.append({"unit": f"s{u}", "metric": "spend", "value": level + rng.gauss(0, 4),
+                    "timestamp": start - 3 * 86400})
+        # a month ago: outside the 7-day window, must not count
+        pre.append({"unit": f"s{u}", "metric": "spend", "value": 1000.0, "timestamp": start - 30 * 86400})
+        post.append({"unit": f"s{u}", "metric": "spend", "value": level + rng.gauss(0, 4) + (3 if v == "b" else 0)})
+    for batch in (pre, post):
+        status, text = http("POST", s.url + "/experiments/spend/events", {"events": batch})
+        assert status == 200, text
+    status, text = http("GET", s.url + "/experiments/spend/results")
+    assert status == 200, text
+    b = {v["id"]: v for v in json.loads(text)["variants"]}["b"]["metrics"]["spend"]
+    cu = b["cuped"]
+    assert 0.8 < cu["theta"] < 1.2, cu
+    assert cu["pre_mean"] < 100, cu  # the month-old 1000s are outside the window
+    assert cu["variance_reduction"] > 0.5, cu
+    plain, adjusted = b["vs_control"], cu["vs_control"]
+    assert adjusted["ci_high"] - adjusted["ci_low"] < 0.7 * (plain["ci_high"] - plain["ci_low"])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(s.base + "/#/e/spend")
+        page.select_option("#metric", "spend")
+        card = page.locator('#metric .compare[data-variant="b"]')
+        expect(card.locator('[data-k="cuped-reduction"]')).to_contain_text("θ = ")
+        expect(card.locator('[data-k="cuped-ci"]')).to_have_count(1)
+        browser.close()
+
+
+TOML = """
+[[experiment]]
+name = "from-file"
+guardrails = ["error", { metric = "thumbs_down", tolerance = 0.05 }]
+[[experiment.metrics]]
+name = "spend"
+aggregation = "sum"
+cuped = true
+lookback_days = 7
+[[experiment.metrics]]
+name = "thumbs_down"
+aggregation = "binary"
+direction = "lower"
+cap = 0.99
+[[experiment.variants]]
+id = "a"
+[[experiment.variants]]
+id = "b"
+system = "Be brief."
+"""
+
+
+def test_the_cli_creates_experiments_from_toml_with_every_field(server, tmp_path):
+    """`abserve experiments create FILE` takes what the API takes: metric definitions (CUPED,
+    caps, directions) and guardrails, through a server (`--url`, which checks the variants) or
+    straight into a store; `delete` removes one."""
+    import subprocess
+    from conftest import BINARY
+    f = tmp_path / "e.toml"
+    f.write_text(TOML)
+    run = lambda *a: subprocess.run([str(BINARY), "experiments", *a], capture_output=True, text=True, timeout=60)
+    r = run("create", str(f), "--url", server.base)
+    assert r.returncode == 0 and "created from-file" in r.stdout, r.stderr
+    status, text = http("GET", server.url + "/experiments/from-file")
+    e = json.loads(text)
+    assert e["metrics"][0]["cuped"] is True and e["metrics"][0]["lookback_days"] == 7, e
+    assert e["metrics"][1]["direction"] == "lower" and e["metrics"][1]["cap"] == 0.99, e
+    assert {"metric": "thumbs_down", "tolerance": 0.05} in e["guardrails"], e
+    r = run("create", str(f), "--url", server.base)
+    assert r.returncode != 0 and "409" in r.stderr, r.stderr
+    assert run("create", str(f), "--url", server.base, "--replace").returncode == 0
+    # a variant the model cannot serve is refused by the server, with the API's message
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TOML.replace('system = "Be brief."', 'max_tokens = 100000'))
+    r = run("create", str(bad), "--url", server.base, "--replace")
+    assert r.returncode != 0 and "variants.b.max_tokens" in r.stderr, r.stderr
+    # straight into a store, then read back and deleted
+    d = str(tmp_path / "store")
+    r = run("create", str(f), "--data-dir", d)
+    assert r.returncode == 0, r.stderr
+    assert "from-file" in run("list", "--data-dir", d).stdout
+    r = run("results", "from-file", "--data-dir", d)
+    assert r.returncode == 0 and "CUPED" in r.stdout, r.stdout + r.stderr
+    assert run("create", str(f), "--data-dir", d).returncode != 0
+    assert run("delete", "from-file", "--data-dir", d).returncode == 0
+    assert "from-file" not in run("list", "--data-dir", d).stdout

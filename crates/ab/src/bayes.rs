@@ -41,16 +41,27 @@ pub struct Bayesian {
 /// `None` without units and variance in both groups, or when control's mean is 0 (a relative
 /// uplift is then undefined).
 pub fn bayesian(c: &Summary, t: &Summary, alpha: f64) -> Option<Bayesian> {
-    if c.n < 2 || t.n < 2 || c.mean == 0.0 || !c.mean.is_finite() || !t.mean.is_finite() {
+    bayesian_scaled(c, t, (c.mean, t.mean), alpha)
+}
+
+/// The same read-out where the relative uplift is scaled by other means than the summaries':
+/// a regression-adjusted (CUPED) estimate is relative to the unadjusted means (control's,
+/// treatment's), as gbstats scales it.
+pub fn bayesian_scaled(
+    c: &Summary,
+    t: &Summary,
+    (mc, mt): (f64, f64),
+    alpha: f64,
+) -> Option<Bayesian> {
+    if c.n < 2 || t.n < 2 || mc == 0.0 || !mc.is_finite() || !t.mean.is_finite() {
         return None;
     }
     let (vc, vt) = (c.sd.powi(2), t.sd.powi(2));
     if !(vc > 0.0 && vt > 0.0) {
         return None;
     }
-    let mu = (t.mean - c.mean) / c.mean;
-    let var =
-        vt / (c.mean.powi(2) * t.n as f64) + vc * t.mean.powi(2) / (c.mean.powi(4) * c.n as f64);
+    let mu = (t.mean - c.mean) / mc;
+    let var = vt / (mc.powi(2) * t.n as f64) + vc * mt.powi(2) / (mc.powi(4) * c.n as f64);
     let s = var.sqrt();
     let z = Normal::new(0.0, 1.0).ok()?;
     let q = z.inverse_cdf(1.0 - alpha / 2.0);

@@ -22,6 +22,7 @@
 mod adjust;
 mod assign;
 mod bayes;
+mod cuped;
 mod experiment;
 mod guardrail;
 mod metric;
@@ -36,7 +37,8 @@ mod variant;
 
 pub use adjust::{benjamini_hochberg, holm};
 pub use assign::{assign, bucket_ranges, choose_variation, fnv1a32, hash};
-pub use bayes::{bayesian, Bayesian};
+pub use bayes::{bayesian, bayesian_scaled, Bayesian};
+pub use cuped::{cuped, theta, Cuped, PrePost};
 pub use experiment::{
     parse_file, parse_one, render, render_row, template_fields, Experiment, ExperimentFile,
     Guardrail, Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES,

@@ -46,7 +46,28 @@ pub struct MetricDef {
     pub direction: Direction,
     /// Percentile in (0, 1) where unit values are capped (winsorised), e.g. 0.99.
     pub cap: Option<f64>,
+    /// CUPED (`cuped.rs`): adjust with each unit's value of this metric from its events before
+    /// its first exposure (GrowthBook's regression adjustment, off unless asked for, as there).
+    /// The metric's values are then its events from the first exposure on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cuped: bool,
+    /// Days before a unit's first exposure whose events make its pre-exposure value
+    /// (default [`DEFAULT_LOOKBACK_DAYS`], as GrowthBook's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookback_days: Option<f64>,
 }
+
+/// The CUPED lookback window when a definition names none: 14 days.
+pub const DEFAULT_LOOKBACK_DAYS: f64 = 14.0;
+
+/// Metrics made from exposures, not events: no unit has a value before its first exposure.
+const AUTOMATIC: [&str; 5] = [
+    "latency_ms",
+    "ttft_ms",
+    "output_tokens",
+    "error",
+    "grammar_complete",
+];
 
 impl MetricDef {
     /// A problem with the definition, if any.
@@ -63,13 +84,32 @@ impl MetricDef {
                 self.name
             ));
         }
-        match self.cap {
-            Some(p) if !(p > 0.0 && p < 1.0) => Some(format!(
+        if let Some(p) = self.cap.filter(|p| !(*p > 0.0 && *p < 1.0)) {
+            return Some(format!(
                 "metric '{}': cap {p} must be a percentile between 0 and 1 (e.g. 0.99)",
                 self.name
-            )),
-            _ => None,
+            ));
         }
+        if let Some(d) = self.lookback_days.filter(|d| !(*d > 0.0 && d.is_finite())) {
+            return Some(format!(
+                "metric '{}': lookback_days {d} must be a positive number of days",
+                self.name
+            ));
+        }
+        if self.cuped && AUTOMATIC.contains(&self.name.as_str()) {
+            return Some(format!(
+                "metric '{}': cuped needs values from before a unit's first exposure, and an \
+                 automatic metric has none (it is measured on exposures); use it with outcome \
+                 events",
+                self.name
+            ));
+        }
+        None
+    }
+
+    /// The CUPED lookback window in seconds.
+    pub fn lookback_seconds(&self) -> f64 {
+        self.lookback_days.unwrap_or(DEFAULT_LOOKBACK_DAYS) * 86_400.0
     }
 
     /// The unit's value from the sum, count and maximum of its values (`None`: it has none);
@@ -125,6 +165,8 @@ mod tests {
             aggregation: a,
             direction: Direction::Higher,
             cap: None,
+            cuped: false,
+            lookback_days: None,
         };
         assert_eq!(def(Aggregation::Sum).unit_value(None, 0, None), Some(0.0));
         assert_eq!(

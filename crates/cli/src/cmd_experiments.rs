@@ -33,10 +33,45 @@ pub enum ExperimentsCommand {
         #[arg(long)]
         per_request: bool,
     },
+    /// Create the experiments of a TOML file (as `serve --experiments` reads): sent to a server
+    /// with --url (which checks every variant against its model), else written into the store.
+    Create {
+        file: PathBuf,
+        /// A running server (http://host:port): it checks and stores them.
+        #[arg(long)]
+        url: Option<String>,
+        #[arg(long, env = "ABSERVE_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Replace experiments of the same name instead of refusing them.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Delete an experiment from the store (its exposures and events stay).
+    Delete { name: String },
 }
 
 pub fn run(a: ExperimentsArgs) -> anyhow::Result<()> {
     let at = crate::args::store_location(a.store.as_deref(), &a.data_dir)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if let ExperimentsCommand::Create {
+        file,
+        url,
+        api_key,
+        replace,
+    } = a.command
+    {
+        // creating makes the store when there is none yet
+        let c = crate::cmd_experiments_create::Create {
+            file,
+            url,
+            api_key,
+            replace,
+        };
+        let store = async { Ok(Store::connect(&at).await?) };
+        return rt.block_on(crate::cmd_experiments_create::create(c, store));
+    }
     if let Location::Sqlite(f) = &at {
         if !f.exists() {
             anyhow::bail!(
@@ -46,9 +81,6 @@ pub fn run(a: ExperimentsArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     rt.block_on(show(a.command, at))
 }
 
@@ -82,6 +114,10 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
             }
             print!("{}", table(&r));
         }
+        ExperimentsCommand::Delete { name } => {
+            crate::cmd_experiments_create::delete(store, &name).await?
+        }
+        ExperimentsCommand::Create { .. } => anyhow::bail!("create is run by `run`"),
     }
     Ok(())
 }
@@ -131,6 +167,23 @@ pub fn table(r: &abserve_ab::Results) -> String {
     out
 }
 
+/// A treatment's CUPED read-out: the adjusted difference, its interval and p, θ and the
+/// variance removed.
+fn cuped_line(out: &mut String, c: &abserve_ab::Cuped) {
+    use std::fmt::Write;
+    let w = c.vs_control.as_ref();
+    let _ = writeln!(
+        out,
+        "    CUPED           diff {:+.4}  CI [{:.4}, {:.4}]  p {:.4}  theta {:.4}  variance -{:.1}%",
+        c.mean - c.control_mean,
+        w.map_or(f64::NAN, |w| w.ci_low),
+        w.map_or(f64::NAN, |w| w.ci_high),
+        w.map_or(f64::NAN, |w| w.p_value),
+        c.theta,
+        c.variance_reduction * 100.0
+    );
+}
+
 /// One variant's lines for metric `m`: its summary, then against control whatever was computed.
 fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
     use std::fmt::Write;
@@ -153,6 +206,7 @@ fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
             res.cap_value
                 .map(|c| format!(", capped at {c:.4}"))
                 .unwrap_or_default()
+                + if d.cuped { ", CUPED" } else { "" }
         ),
         None => ratio,
     };
@@ -190,6 +244,9 @@ fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
                 pct(b.risk_control),
                 pct(b.risk_treatment)
             );
+    }
+    if let Some(c) = &res.cuped {
+        cuped_line(out, c);
     }
     if let Some(a) = &res.adjusted {
         let _ = writeln!(

@@ -4,6 +4,7 @@ mod args;
 mod cmd_devices;
 mod cmd_eval;
 mod cmd_experiments;
+mod cmd_experiments_create;
 mod cmd_generate;
 mod cmd_loadtest;
 mod cmd_plan;

@@ -212,7 +212,7 @@ function metricSection(r, metric) {
     if (!m || !m.sequential) {
       return h('div', { class: 'compare', 'data-variant': v.id }, h('h3', {}, v.id + ' vs ' + r.control), h('p', { class: 'muted' }, 'Not enough data to compare yet.'));
     }
-    const seq = m.sequential, fx = m.vs_control, b = m.bayesian, adj = m.adjusted;
+    const seq = m.sequential, fx = m.vs_control, b = m.bayesian, adj = m.adjusted, cu = m.cuped;
     // the metric's direction (`[[experiment.metrics]]`): where lower is better, lower wins
     const lower = m.definition && m.definition.direction === 'lower';
     const side = seq.ci_low > 0 ? 'higher' : seq.ci_high < 0 ? 'lower' : null;
@@ -231,6 +231,10 @@ function metricSection(r, metric) {
         b ? stat('Chance to beat control', 'ctw', b.chance_to_beat_control, pct(b.chance_to_beat_control)) : null,
         b ? stat('Uplift [95% credible]', 'uplift', b.uplift, signed(b.uplift, pct) + ' [' + pct(b.ci_low) + ', ' + pct(b.ci_high) + ']') : null,
         b ? stat('Risk (expected loss)', 'risk', b.risk_treatment, pct(b.risk_treatment)) : null,
+        // CUPED (a metric defined with cuped = true): the adjusted read-out beside the plain one
+        cu && cu.vs_control ? h('dt', {}, 'CUPED 95% CI (fixed horizon)') : null,
+        cu && cu.vs_control ? h('dd', { 'data-k': 'cuped-ci', 'data-low': cu.vs_control.ci_low, 'data-high': cu.vs_control.ci_high }, '[' + num(cu.vs_control.ci_low) + ', ' + num(cu.vs_control.ci_high) + '], p = ' + num(cu.vs_control.p_value)) : null,
+        cu ? stat('CUPED variance reduction', 'cuped-reduction', cu.variance_reduction, pct(cu.variance_reduction) + ' (θ = ' + num(cu.theta) + ')') : null,
         multi && adj ? stat('Holm-adjusted p', 'holm', adj.holm, num(adj.holm)) : null,
         multi && adj ? stat('BH-adjusted p', 'bh', adj.bh, num(adj.bh)) : null));
   });

@@ -12,6 +12,7 @@
 //!   can reload at once (`watch`); polling `experiments` bounds the delay when a notification
 //!   is missed.
 
+mod cuped;
 mod error;
 mod results;
 
@@ -474,11 +475,28 @@ impl Store {
         }
         let q = results::defined_sql();
         let mut defined = vec![];
-        for (i, m) in e.metrics.iter().enumerate() {
+        for (index, m) in e.metrics.iter().enumerate() {
+            if m.cuped {
+                let rows: Vec<cuped::PrePostRow> = on_pool!(self, p => sqlx::query_as(cuped::PRE_POST)
+                    .bind(&e.name).bind(until).bind(&m.name).bind(m.lookback_seconds()).fetch_all(p).await?);
+                let (summaries, cap, sums) = cuped::pre_post(m, rows);
+                defined.push(results::Defined {
+                    index,
+                    summaries,
+                    cap,
+                    pre_post: Some(sums),
+                });
+                continue;
+            }
             let rows: Vec<results::DefinedRow> = on_pool!(self, p => sqlx::query_as(&q)
                 .bind(&e.name).bind(until).bind(&m.name).fetch_all(p).await?);
             let (summaries, cap) = results::defined_summaries(m, rows);
-            defined.push((i, summaries, cap));
+            defined.push(results::Defined {
+                index,
+                summaries,
+                cap,
+                pre_post: None,
+            });
         }
         Ok(results::assemble(
             e, analysis, &units, &exposures, moments, ratios, defined,

@@ -148,22 +148,22 @@ pub(super) fn defined_summaries(
     }
     let mut by: Vec<(String, Vec<f64>)> = by.into_iter().collect();
     let cap = def.cap.and_then(|p| crate::metric::winsorise(&mut by, p));
+    let binary = def.aggregation == crate::metric::Aggregation::Binary;
     let summaries = by
         .into_iter()
-        .map(|(v, xs)| {
-            let mut s = crate::stats::summarize(&xs);
-            if def.aggregation == crate::metric::Aggregation::Binary && s.n > 0 {
-                // a proportion's variance is p(1 − p), as GrowthBook's ProportionStatistic
-                s = crate::stats::from_moments(
-                    s.n,
-                    s.mean,
-                    s.mean * (1.0 - s.mean) * (s.n as f64 - 1.0),
-                );
-            }
-            (v, s)
-        })
+        .map(|(v, xs)| (v, unit_summary(&xs, binary)))
         .collect();
     (summaries, cap)
+}
+
+/// The summary of units' values; a `binary` metric's variance is p(1 − p), as GrowthBook's
+/// `ProportionStatistic`.
+pub(super) fn unit_summary(xs: &[f64], binary: bool) -> Summary {
+    let s = crate::stats::summarize(xs);
+    if binary && s.n > 0 {
+        return from_moments(s.n, s.mean, s.mean * (1.0 - s.mean) * (s.n as f64 - 1.0));
+    }
+    s
 }
 
 /// Every `$3`-th unit's arrival (the time of its first non-forced exposure) and the last one's:
@@ -225,6 +225,10 @@ pub struct MetricResult {
     /// The value units were capped at (the definition's percentile of all units' values).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cap_value: Option<f64>,
+    /// For a treatment on a metric defined with `cuped = true`: the regression-adjusted read-out
+    /// beside the unadjusted one above, with the variance reduction achieved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuped: Option<crate::cuped::Cuped>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -297,8 +301,15 @@ pub struct HistoryPoint {
     pub results: Results,
 }
 
-/// A defined metric (its index in `e.metrics`): per variant its summary, and the cap applied.
-pub(super) type Defined = (usize, BTreeMap<String, Summary>, Option<f64>);
+/// A defined metric: per variant its summary, the cap applied, and with CUPED per variant the
+/// sums of its units' (pre, post) values.
+pub(super) struct Defined {
+    /// Its index in `e.metrics`.
+    pub index: usize,
+    pub summaries: BTreeMap<String, Summary>,
+    pub cap: Option<f64>,
+    pub pre_post: Option<BTreeMap<String, crate::cuped::PrePost>>,
+}
 
 /// Every metric's summary per variant: the automatic and outcome metrics from their moments,
 /// the ratio metrics from their per-unit sums (with their parts).
@@ -318,10 +329,12 @@ fn by_metric(
             .insert(variant, (from_moments(n as usize, mean, m2), None));
     }
     // a defined metric's per-unit summaries replace the default ones
-    for (i, summaries, _) in defined {
-        let entry = by_metric.entry(e.metrics[*i].name.clone()).or_default();
+    for d in defined {
+        let entry = by_metric
+            .entry(e.metrics[d.index].name.clone())
+            .or_default();
         entry.clear();
-        for (variant, s) in summaries {
+        for (variant, s) in &d.summaries {
             entry.insert(variant.clone(), (*s, None));
         }
     }
@@ -360,20 +373,36 @@ fn metric_result(
         ratio: ratio.clone(),
         definition: None,
         cap_value: None,
+        cuped: None,
     }
 }
 
-/// Lays a metric's definition over its result: where lower is better, chance to beat control
-/// is the chance to be lower and the two risks swap (gbstats' `inverse`).
-fn defined_result(mut r: MetricResult, def: &MetricDef, cap: Option<f64>) -> MetricResult {
+/// Lays a metric's definition over its result: the CUPED read-out of treatment `variant`
+/// against `control` where asked for; where lower is better, chance to beat control is the
+/// chance to be lower and the two risks swap (gbstats' `inverse`).
+fn defined_result(
+    mut r: MetricResult,
+    def: &MetricDef,
+    d: &Defined,
+    (control, variant): (&str, &str),
+    tuning: f64,
+) -> MetricResult {
+    if let Some(sums) = &d.pre_post {
+        if control != variant {
+            if let (Some(c), Some(t)) = (sums.get(control), sums.get(variant)) {
+                r.cuped = crate::cuped::cuped(c, t, ALPHA, tuning);
+            }
+        }
+    }
     if def.direction == Direction::Lower {
-        if let Some(b) = r.bayesian.as_mut() {
+        let cuped = r.cuped.as_mut().and_then(|c| c.bayesian.as_mut());
+        for b in r.bayesian.as_mut().into_iter().chain(cuped) {
             b.chance_to_beat_control = 1.0 - b.chance_to_beat_control;
             std::mem::swap(&mut b.risk_control, &mut b.risk_treatment);
         }
     }
     r.definition = Some(def.clone());
-    r.cap_value = cap;
+    r.cap_value = d.cap;
     r
 }
 
@@ -391,8 +420,8 @@ pub(super) fn assemble(
     let definition = |m: &str| {
         defined
             .iter()
-            .find(|(i, _, _)| e.metrics[*i].name == m)
-            .map(|(i, _, cap)| (&e.metrics[*i], *cap))
+            .find(|d| e.metrics[d.index].name == m)
+            .map(|d| (&e.metrics[d.index], d))
     };
     let control = &e.variants[e.control_index()].id;
     let tuning = e.sequential_tuning.unwrap_or(DEFAULT_TUNING);
@@ -409,8 +438,8 @@ pub(super) fn assemble(
                     let (xs, ratio) = by_variant.get(&v.id).unwrap_or(&empty);
                     let (cs, _) = by_variant.get(control).unwrap_or(&empty);
                     let mut result = metric_result(cs, xs, ratio, &v.id != control, tuning);
-                    if let Some((def, cap)) = definition(m) {
-                        result = defined_result(result, def, cap);
+                    if let Some((def, d)) = definition(m) {
+                        result = defined_result(result, def, d, (control, &v.id), tuning);
                     }
                     (m.clone(), result)
                 })
