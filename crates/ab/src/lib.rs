@@ -21,6 +21,7 @@
 
 mod adjust;
 mod assign;
+pub mod bandit;
 mod bayes;
 mod cuped;
 mod experiment;
