@@ -1,7 +1,9 @@
-//! Multi-armed bandits over an experiment's variants: the statistics (not yet wired into the
-//! server's routing). Thompson sampling moves traffic towards the arm most likely to be best;
-//! estimates stay unbiased when weights change; a stopping rule names the winner with the
-//! false-winner rate held at α.
+//! Multi-armed bandits over an experiment's variants (`mode = "bandit"`, `decision_metric`,
+//! `[experiment.bandit]`): the statistics. Thompson sampling moves traffic towards the arm most
+//! likely to be best; estimates stay unbiased when weights change; a stopping rule names the
+//! winner with the false-winner rate held at α. The server runs the updates (its `bandits.rs`;
+//! the store's `update_bandit` computes them) and keeps each unit on its first variant when the
+//! weights change (sticky units); after a winner is named every unit gets it.
 //!
 //! **Periods.** Weights change only at updates; the units that arrive between two updates form
 //! a period, with fixed weights, so within a period every arm is a random sample of the same
@@ -219,6 +221,84 @@ pub fn winner(est: &[Estimate], direction: Direction, alpha: f64, tuning: f64) -
         });
     }
     None
+}
+
+/// How an experiment's weights are set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The variants' weights, fixed.
+    #[default]
+    Fixed,
+    /// Moved by the bandit at every update.
+    Bandit,
+}
+
+impl Mode {
+    pub fn is_fixed(&self) -> bool {
+        *self == Mode::Fixed
+    }
+}
+
+/// `[experiment.bandit]`: a bandit's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanditSettings {
+    /// Units every arm gets before the weights move (default 100).
+    #[serde(default = "exploration")]
+    pub exploration_units: u64,
+    /// Seconds between updates of the weights (default 3600).
+    #[serde(default = "hour")]
+    pub update_seconds: f64,
+    /// The least weight an arm keeps (default 0.01).
+    #[serde(default = "one_percent")]
+    pub floor: f64,
+}
+
+fn exploration() -> u64 {
+    100
+}
+fn hour() -> f64 {
+    3600.0
+}
+fn one_percent() -> f64 {
+    0.01
+}
+
+impl Default for BanditSettings {
+    fn default() -> Self {
+        BanditSettings {
+            exploration_units: exploration(),
+            update_seconds: hour(),
+            floor: one_percent(),
+        }
+    }
+}
+
+/// One period: from `start` (seconds since the epoch) the variants' weights were `weights`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Period {
+    pub start: f64,
+    pub weights: Vec<f64>,
+}
+
+/// What a bandit has done: its periods (the first starts at the first update) and, once named,
+/// its winner.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BanditState {
+    pub periods: Vec<Period>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub winner: Option<NamedWinner>,
+}
+
+/// The winner as stored: the variant, when, at how many units, the adjusted p-values against
+/// the others (by variant id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamedWinner {
+    pub variant: String,
+    pub at: f64,
+    pub units: u64,
+    pub p_values: Vec<(String, f64)>,
 }
 
 #[cfg(test)]

@@ -136,6 +136,18 @@ pub struct Experiment {
     /// stops a treatment significantly worse on one (`guardrail.rs`). Default: `["error"]`.
     #[serde(default = "error_guardrail")]
     pub guardrails: Vec<Guardrail>,
+    /// `fixed` (the default) or `bandit`: weights moved by Thompson sampling (`bandit.rs`).
+    #[serde(default, skip_serializing_if = "crate::bandit::Mode::is_fixed")]
+    pub mode: crate::bandit::Mode,
+    /// The outcome metric a bandit improves (in its definition's direction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_metric: Option<String>,
+    /// A bandit's settings (`[experiment.bandit]`; defaults in `bandit.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandit: Option<crate::bandit::BanditSettings>,
+    /// A bandit's periods and winner, as the server wrote them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandit_state: Option<crate::bandit::BanditState>,
     pub variants: Vec<Variant>,
 }
 
@@ -198,7 +210,11 @@ impl Experiment {
         }
     }
 
+    /// The traffic split: the variants' weights, or a bandit's current period's.
     pub fn weights(&self) -> Vec<f64> {
+        if let Some(w) = self.bandit_weights() {
+            return w;
+        }
         let total: f64 = self.variants.iter().map(|v| v.weight).sum();
         self.variants
             .iter()
@@ -243,41 +259,6 @@ impl Experiment {
                     self.name, v.id
                 ))
             })?;
-        }
-        Ok(())
-    }
-
-    /// Ratio metrics: well-formed names that repeat no metric's, a numerator that is not the
-    /// denominator.
-    fn validate_ratios(&self) -> Result<(), Invalid> {
-        let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
-        let mut ratio_names = std::collections::HashSet::new();
-        for r in &self.ratios {
-            let metric_name = |s: &str| {
-                !s.is_empty()
-                    && s.len() <= 64
-                    && s.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            };
-            if !metric_name(&r.name) || !metric_name(&r.numerator) || !metric_name(&r.denominator) {
-                return bad(format!(
-                    "ratio '{}' ({} / {}): names must be 1-64 characters of letters, digits, '-', '_' or '.'",
-                    r.name, r.numerator, r.denominator
-                ));
-            }
-            if AUTOMATIC_METRICS.contains(&r.name.as_str()) || !ratio_names.insert(r.name.as_str())
-            {
-                return bad(format!("ratio '{}' repeats a metric's name", r.name));
-            }
-            if self.metrics.iter().any(|m| m.name == r.name) {
-                return bad(format!("ratio '{}' repeats a metric's name", r.name));
-            }
-            if r.numerator == r.denominator {
-                return bad(format!(
-                    "ratio '{}' divides '{}' by itself",
-                    r.name, r.numerator
-                ));
-            }
         }
         Ok(())
     }
@@ -353,6 +334,7 @@ impl Experiment {
             }
         }
         self.validate_ratios()?;
+        self.validate_bandit()?;
         if !(1..=2).contains(&self.hash_version) {
             return bad(format!("hash_version {} must be 1 or 2", self.hash_version));
         }

@@ -22,6 +22,7 @@
 mod adjust;
 mod assign;
 pub mod bandit;
+mod bandit_rules;
 mod bayes;
 mod cuped;
 mod experiment;
@@ -57,8 +58,8 @@ pub use stats::{
     from_moments, srm, summarize, welch, welch_summaries, Comparison, SrmCheck, Summary,
 };
 pub use store::{
-    url_without_password, Adjusted, Analysis, Database, Exposure, HistoryPoint, Location,
-    MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Store, StoreCondition,
-    StoreError, VariantResult, VariantState, ALPHA, CHANNEL,
+    url_without_password, Adjusted, Analysis, Arm, BanditResults, Database, Exposure, HistoryPoint,
+    Location, MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Store,
+    StoreCondition, StoreError, VariantResult, VariantState, ALPHA, CHANNEL,
 };
 pub use variant::VariantError;

@@ -259,6 +259,19 @@ function variantNote(v) {
   return notes.length ? notes : null;
 }
 
+// A bandit's arms: the period-weighted estimate of the decision metric, the chance of being
+// best and the weight now; its winner once named.
+function banditTable(b) {
+  const winner = b.winner
+    ? h('p', { id: 'bandit-winner', class: 'win', 'data-variant': b.winner.variant }, 'Winner: ' + b.winner.variant + ' at ' + b.winner.units + ' units; every unit gets it now.')
+    : h('p', { id: 'bandit-winner', class: 'muted' }, 'No winner yet (' + b.periods + ' weight updates).');
+  return h('div', { id: 'bandit' }, winner, h('div', { class: 'scroll' }, h('table', {},
+    h('thead', {}, h('tr', {}, ['Variant', b.decision_metric + ' (period-weighted)', 'Units', 'Chance best', 'Weight'].map((t) => h('th', {}, t)))),
+    h('tbody', {}, b.arms.map((a) => h('tr', { 'data-variant': a.variant },
+      h('td', {}, a.variant), h('td', { class: 'num' }, num(a.mean)), h('td', { class: 'num' }, String(a.units)),
+      h('td', { class: 'num', 'data-k': 'chance-best' }, pct(a.chance_best)), h('td', { class: 'num', 'data-k': 'weight' }, pct(a.weight))))))));
+}
+
 function performanceTable(r) {
   const mean = (v, k) => (v.metrics[k] ? v.metrics[k].summary.mean : null);
   return h('table', { id: 'performance' },
@@ -379,6 +392,7 @@ async function experimentPage(name) {
     h('div', { class: 'card' }, h('h2', {}, 'Metric ', metricSelect), metricSection(r, metric),
       h('p', { class: 'muted' }, 'Chance to beat control, uplift and risk assume higher is better; for latency, errors or cost read them the other way.')),
     treatments.length ? h('div', { class: 'card' }, h('h2', {}, 'Over time ', variantSelect), chart(hist, metric, variant)) : null,
+    r.bandit ? h('div', { class: 'card' }, h('h2', {}, 'Bandit'), banditTable(r.bandit)) : null,
     h('div', { class: 'card' }, h('h2', {}, 'Serving per variant'), h('div', { class: 'scroll' }, performanceTable(r))),
     h('div', { class: 'card' }, h('h2', {}, 'KV cache share'), h('p', { id: 'kv-share', 'data-experiment': name, 'data-share': e.max_kv_share }, kvShare(name, e.max_kv_share))),
     h('div', { class: 'card' }, h('h2', {}, 'Weights'), weightsForm(e, rerender)),

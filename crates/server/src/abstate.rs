@@ -30,6 +30,9 @@ struct Routing {
 pub struct AbState {
     store: Store,
     routing: RwLock<Routing>,
+    /// Per bandit experiment, each unit's variant: a unit keeps it when the weights change
+    /// (filled as units are routed, and from the store by the bandit loop: `bandits.rs`).
+    sticky: RwLock<BTreeMap<String, std::collections::HashMap<String, String>>>,
     poll: Duration,
     reload: Arc<tokio::sync::Notify>,
 }
@@ -91,6 +94,7 @@ impl AbState {
                 by_name,
                 generation: 0,
             }),
+            sticky: Default::default(),
             poll,
             reload: Default::default(),
         })
@@ -135,6 +139,21 @@ impl AbState {
             .by_name
             .get(name)
             .cloned()
+    }
+
+    /// The variant `unit` was given in bandit `experiment`, if it was.
+    pub(crate) fn sticky(&self, experiment: &str, unit: &str) -> Option<String> {
+        let s = self.sticky.read().unwrap_or_else(|p| p.into_inner());
+        s.get(experiment).and_then(|m| m.get(unit)).cloned()
+    }
+
+    /// Keeps `unit` on `variant` in bandit `experiment` (the first variant given wins).
+    pub(crate) fn stick(&self, experiment: &str, unit: &str, variant: &str) {
+        let mut s = self.sticky.write().unwrap_or_else(|p| p.into_inner());
+        s.entry(experiment.to_string())
+            .or_default()
+            .entry(unit.to_string())
+            .or_insert_with(|| variant.to_string());
     }
 
     /// Every experiment, by name.

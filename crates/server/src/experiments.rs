@@ -314,6 +314,7 @@ pub fn route(
         ),
         _ => None,
     };
+    let assigned = keep_bandit_unit(state, &e, unit.as_deref(), assigned);
     // a variant stopped by a guardrail takes no units: its bucket is served the control and
     // recorded no more (guardrails.rs)
     let stopped = assigned.is_some_and(|i| e.variants[i].stopped.is_some());
@@ -327,6 +328,30 @@ pub fn route(
         kv_share: e.max_kv_share,
     };
     Ok((e, i, routed))
+}
+
+/// A bandit's unit keeps the variant it was first given when the weights change (`assigned` is
+/// what hashing with today's weights gives); once a winner is named, every unit gets it.
+fn keep_bandit_unit(
+    state: &AppState,
+    e: &Experiment,
+    unit: Option<&str>,
+    assigned: Option<usize>,
+) -> Option<usize> {
+    let (Some(ab), Some(unit), Some(i)) = (state.ab.as_ref(), unit, assigned) else {
+        return assigned;
+    };
+    let settled = e.bandit_state.as_ref().is_some_and(|s| s.winner.is_some());
+    if e.bandit_settings().is_none() || settled {
+        return assigned;
+    }
+    if let Some(v) = ab.sticky(&e.name, unit) {
+        if let Some(k) = e.variants.iter().position(|x| x.id == v) {
+            return Some(k);
+        }
+    }
+    ab.stick(&e.name, unit, &e.variants[i].id);
+    Some(i)
 }
 
 /// `{input}`: the user message every variant answers.

@@ -27,6 +27,9 @@ impl AppState {
             loop {
                 tick.tick().await;
                 for e in ab.list() {
+                    if e.status == Status::Running {
+                        crate::bandits::update(ab, &e).await;
+                    }
                     if e.status == Status::Running && !e.guardrails.is_empty() {
                         if let Ok(r) = ab.store().results(&e).await {
                             for (variant, harm) in abserve_ab::check_guardrails(&e, &r) {

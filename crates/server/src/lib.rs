@@ -11,6 +11,7 @@ mod abstate;
 mod adapter_metrics;
 mod api;
 mod auth;
+mod bandits;
 mod dashboard;
 mod engine_api;
 mod error;

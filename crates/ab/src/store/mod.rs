@@ -28,6 +28,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use bandit::{Arm, BanditResults};
 pub use error::{StoreCondition, StoreError};
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
@@ -107,6 +108,9 @@ macro_rules! on_pool {
         }
     };
 }
+
+// after the macro, which it uses
+mod bandit;
 
 fn now() -> f64 {
     std::time::SystemTime::now()
@@ -498,9 +502,15 @@ impl Store {
                 pre_post: None,
             });
         }
-        Ok(results::assemble(
-            e, analysis, &units, &exposures, moments, ratios, defined,
-        ))
+        let mut r = results::assemble(e, analysis, &units, &exposures, moments, ratios, defined);
+        if until == f64::MAX {
+            r.bandit = self.bandit_results(e).await?;
+        }
+        if r.bandit.is_some() {
+            // weights changed over time: the split is not checked against today's
+            r.srm = None;
+        }
+        Ok(r)
     }
 
     /// The results over the first k, 2k, … units and over all of them (up to `points` points,

@@ -289,6 +289,9 @@ pub struct Results {
     pub comparisons: usize,
     pub srm: Option<SrmCheck>,
     pub variants: Vec<VariantResult>,
+    /// A bandit's estimates, chances, weights and winner (`mode = "bandit"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandit: Option<super::bandit::BanditResults>,
 }
 
 /// One point of an experiment's history: the results over the first `units` units (those that
@@ -479,6 +482,7 @@ pub(super) fn assemble(
         comparisons,
         srm: srm(&observed, &active_weights),
         variants,
+        bandit: None,
     }
 }
 

@@ -1,0 +1,181 @@
+//! A bandit's data in the store: each unit's period (by the time of its first exposure against
+//! the stored period starts), variant and value of the decision metric (by its definition's
+//! aggregation; without one, the mean of its events; units without a value are left out), as
+//! `bandit::Cell`s; the update the server runs; what `/results` shows.
+
+use serde::Serialize;
+
+use super::{Pool, Store, StoreError};
+use crate::bandit::{
+    chance_best, estimates, weights, winner, Cell, Estimate, NamedWinner, Period, Settings,
+};
+use crate::experiment::Experiment;
+use crate::metric::{Aggregation, MetricDef};
+
+/// Per unit exposed (not forced): variant, time of its first exposure, and of metric `$2` the
+/// sum, count and maximum of its events.
+const UNITS: &str = "
+    WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit),
+    uv AS (SELECT first.unit, x.variant, x.ts AS t0 FROM first JOIN exposures x ON x.id = first.id),
+    per AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, MAX(value) AS mx FROM events
+        WHERE experiment = $1 AND metric = $2 GROUP BY unit)
+    SELECT uv.variant, uv.t0, per.s, COALESCE(per.c, 0), per.mx FROM uv LEFT JOIN per ON per.unit = uv.unit";
+
+type UnitRow = (String, f64, Option<f64>, i64, Option<f64>);
+
+/// A bandit's read-out in `/results`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BanditResults {
+    pub decision_metric: String,
+    /// Periods so far (the units before the first update are one more).
+    pub periods: usize,
+    /// Per variant: the period-weighted estimate, its chance of being best, its weight now.
+    pub arms: Vec<Arm>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub winner: Option<NamedWinner>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Arm {
+    pub variant: String,
+    #[serde(flatten)]
+    pub estimate: Estimate,
+    pub chance_best: f64,
+    pub weight: f64,
+}
+
+impl Store {
+    /// The decision metric's cells, `[period][variant]`.
+    pub async fn bandit_cells(&self, e: &Experiment) -> Result<Vec<Vec<Cell>>, StoreError> {
+        let metric = e.decision_metric.clone().unwrap_or_default();
+        let rows: Vec<UnitRow> = on_pool!(self, p => sqlx::query_as(UNITS).bind(&e.name).bind(&metric).fetch_all(p).await?);
+        let def = e.metrics.iter().find(|m| m.name == metric).cloned();
+        let def = def.unwrap_or(MetricDef {
+            name: metric,
+            aggregation: Aggregation::Mean,
+            direction: Default::default(),
+            cap: None,
+            cuped: false,
+            lookback_days: None,
+        });
+        let starts: Vec<f64> = e
+            .bandit_state
+            .as_ref()
+            .map(|s| s.periods.iter().map(|p| p.start).collect())
+            .unwrap_or_default();
+        let mut cells = vec![vec![Cell::default(); e.variants.len()]; starts.len() + 1];
+        for (variant, t0, s, c, mx) in rows {
+            let Some(k) = e.variants.iter().position(|v| v.id == variant) else {
+                continue;
+            };
+            if let Some(x) = def.unit_value(s, c, mx) {
+                cells[starts.partition_point(|&t| t <= t0)][k].add(x);
+            }
+        }
+        Ok(cells)
+    }
+
+    /// A bandit's read-out (`None` for a fixed experiment).
+    pub async fn bandit_results(
+        &self,
+        e: &Experiment,
+    ) -> Result<Option<BanditResults>, StoreError> {
+        if e.bandit_settings().is_none() {
+            return Ok(None);
+        }
+        let est = estimates(&self.bandit_cells(e).await?);
+        let chances = chance_best(
+            &est,
+            e.direction_of(e.decision_metric.as_deref().unwrap_or("")),
+        );
+        let weights = e.weights();
+        let arms = e
+            .variants
+            .iter()
+            .enumerate()
+            .map(|(k, v)| Arm {
+                variant: v.id.clone(),
+                estimate: est[k],
+                chance_best: chances[k],
+                weight: weights[k],
+            })
+            .collect();
+        let state = e.bandit_state.clone().unwrap_or_default();
+        Ok(Some(BanditResults {
+            decision_metric: e.decision_metric.clone().unwrap_or_default(),
+            periods: state.periods.len(),
+            arms,
+            winner: state.winner,
+        }))
+    }
+
+    /// The bandit's next state at `now` when an update is due (every `update_seconds`; the
+    /// first at once): the winner when the stopping rule names one, else new weights from
+    /// `now` on. `None` when nothing changes.
+    pub async fn update_bandit(
+        &self,
+        e: &Experiment,
+        now: f64,
+    ) -> Result<Option<Experiment>, StoreError> {
+        let Some(settings) = e.bandit_settings() else {
+            return Ok(None);
+        };
+        let state = e.bandit_state.clone().unwrap_or_default();
+        if state.winner.is_some()
+            || state
+                .periods
+                .last()
+                .is_some_and(|p| now - p.start < settings.update_seconds)
+        {
+            return Ok(None);
+        }
+        let est = estimates(&self.bandit_cells(e).await?);
+        let direction = e.direction_of(e.decision_metric.as_deref().unwrap_or(""));
+        let tuning = e
+            .sequential_tuning
+            .unwrap_or(crate::sequential::DEFAULT_TUNING);
+        let mut next = e.clone();
+        let mut state = state;
+        let explored = est.iter().all(|x| x.units >= settings.exploration_units);
+        match winner(&est, direction, super::results::ALPHA, tuning).filter(|_| explored) {
+            Some(w) => {
+                state.winner = Some(NamedWinner {
+                    variant: e.variants[w.arm].id.clone(),
+                    at: now,
+                    units: est.iter().map(|x| x.units).sum(),
+                    p_values: w
+                        .p_values
+                        .iter()
+                        .map(|(k, p)| (e.variants[*k].id.clone(), *p))
+                        .collect(),
+                });
+            }
+            None => {
+                let s = Settings {
+                    exploration_units: settings.exploration_units,
+                    floor: settings.floor,
+                };
+                state.periods.push(Period {
+                    start: now,
+                    weights: weights(&est, direction, &s),
+                });
+            }
+        }
+        next.bandit_state = Some(state);
+        Ok(Some(next))
+    }
+}
+
+impl Store {
+    /// Every unit's variant (that of its first non-forced exposure): what keeps a bandit's
+    /// units on their variant when its weights change.
+    pub async fn first_variants(
+        &self,
+        experiment: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        const Q: &str = "
+            WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit)
+            SELECT first.unit, x.variant FROM first JOIN exposures x ON x.id = first.id";
+        Ok(on_pool!(self, p => sqlx::query_as(Q).bind(experiment).fetch_all(p).await?))
+    }
+}
