@@ -136,7 +136,7 @@ fn period_weighted_estimates_stay_unbiased_when_traffic_drifts_and_weights_move(
     // the traffic's level rises by 0.05 sd per period while the bandit moves units to arm 2
     let means = [0.0, 0.05, 0.15];
     let drift = |p: usize| 0.05 * p as f64;
-    let runs = 400;
+    let runs = 2000;
     let (mut covered, mut naive_covered) = (0, 0);
     for seed in 0..runs {
         let (_, cells) = run(&means, drift, 200, 6_000, 50_000 + seed);
