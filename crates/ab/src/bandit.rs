@@ -224,7 +224,7 @@ pub fn winner(est: &[Estimate], direction: Direction, alpha: f64, tuning: f64) -
 }
 
 /// How an experiment's weights are set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// The variants' weights, fixed.
@@ -241,7 +241,7 @@ impl Mode {
 }
 
 /// `[experiment.bandit]`: a bandit's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BanditSettings {
     /// Units every arm gets before the weights move (default 100).
@@ -276,7 +276,7 @@ impl Default for BanditSettings {
 }
 
 /// One period: from `start` (seconds since the epoch) the variants' weights were `weights`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Period {
     pub start: f64,
     pub weights: Vec<f64>,
@@ -284,7 +284,7 @@ pub struct Period {
 
 /// What a bandit has done: its periods (the first starts at the first update) and, once named,
 /// its winner.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BanditState {
     pub periods: Vec<Period>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,7 +293,7 @@ pub struct BanditState {
 
 /// The winner as stored: the variant, when, at how many units, the adjusted p-values against
 /// the others (by variant id).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NamedWinner {
     pub variant: String,
     pub at: f64,

@@ -4,7 +4,7 @@
 use minijinja::{context, Environment};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     #[default]
@@ -13,7 +13,7 @@ pub enum Status {
     Stopped,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {
     pub id: String,
@@ -56,7 +56,7 @@ pub struct Variant {
 /// A guardrail: a metric a treatment must not make worse beyond `tolerance` (a relative change
 /// of control's mean, default 0), in the metric's direction. Written as a name (`"error"`) or a
 /// table (`{ metric = "thumbs_down", tolerance = 0.1 }`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(from = "GuardrailSpec")]
 pub struct Guardrail {
     pub metric: String,
@@ -102,7 +102,7 @@ fn input_template() -> String {
     "{{ input }}".into()
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
     pub name: String,
@@ -154,7 +154,7 @@ pub struct Experiment {
 /// A ratio metric, e.g. `{ name = "tokens_per_success", numerator = "output_tokens",
 /// denominator = "success" }`: numerator and denominator name automatic metrics
 /// (`latency_ms`, `ttft_ms`, `output_tokens`, `error`) or outcome events' metrics.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RatioMetric {
     pub name: String,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Why a treatment is stopped: the metric, at how many units, the difference and its
 /// always-valid interval, the always-valid p-value against no difference, and the tolerated
 /// change the interval passed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Harm {
     pub metric: String,
     pub units: u64,

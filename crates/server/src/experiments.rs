@@ -95,8 +95,8 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiErr
 
 /// Creates an experiment (TOML's fields as JSON, or TOML itself as `application/toml`; every
 /// variant checked as the request it will produce).
-#[utoipa::path(post, path = "/v1/experiments", request_body = Object, responses(
-    (status = 201, description = "the experiment as stored", body = Object),
+#[utoipa::path(post, path = "/v1/experiments", request_body(content = abserve_ab::Experiment, description = "the experiment as JSON (or its TOML table with `Content-Type: application/toml`); a guardrail may also be written as a metric's name alone"), responses(
+    (status = 201, description = "the experiment as stored", body = abserve_ab::Experiment),
     (status = 409, description = "an experiment of that name exists", body = abserve_protocol::wire::ErrorBody)
 ))]
 pub async fn create(
@@ -126,7 +126,7 @@ pub async fn create(
 }
 
 /// One experiment.
-#[utoipa::path(get, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Object)))]
+#[utoipa::path(get, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = abserve_ab::Experiment)))]
 pub async fn get(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,
@@ -135,7 +135,7 @@ pub async fn get(
 }
 
 /// Replaces an experiment's definition.
-#[utoipa::path(put, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = Object)))]
+#[utoipa::path(put, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), request_body = abserve_ab::Experiment, responses((status = 200, body = abserve_ab::Experiment)))]
 pub async fn put(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,
