@@ -16,10 +16,11 @@ MODEL_ID = "smol"
 class Server:
     def __init__(self, *extra, context=512, model=MODEL):
         assert BINARY.exists(), "build first: cargo build --release"
+        self.data_dir = tempfile.mkdtemp(prefix="abserve-py-")
         args = [
             str(BINARY), "serve", "--model", str(model), "--model-id", MODEL_ID, "--port", "0",
             "--threads", "2", "--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096",
-            "--data-dir", tempfile.mkdtemp(prefix="abserve-py-"), *extra,
+            "--data-dir", self.data_dir, *extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.base = None

@@ -5,12 +5,13 @@ weights change, and, once the leader beats every other arm under the always-vali
 names it the `winner` in /results and sends every unit to it."""
 import json
 import random
+import subprocess
 import time
 
 import openai
 from playwright.sync_api import expect, sync_playwright
 
-from conftest import Server
+from conftest import BINARY, Server
 from test_adapters import CHROMIUM, http
 
 
@@ -97,6 +98,10 @@ def test_a_clear_winner_is_named_and_takes_every_unit():
         assert all(p < 0.05 for _, p in w["p_values"]), w
         assert [a["weight"] for a in r["bandit"]["arms"]] == [0.0, 1.0, 0.0]
         assert {route(c, "clear", f"late{u}") for u in range(10)} == {"b"}
+        # the CLI reads the same from the store
+        out = subprocess.run([str(BINARY), "experiments", "results", "clear", "--data-dir", s.data_dir],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "winner b at" in out.stdout, out.stdout + out.stderr
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page()

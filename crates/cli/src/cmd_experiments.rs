@@ -153,6 +153,9 @@ pub fn table(r: &abserve_ab::Results) -> String {
             s.chi2, s.p_value
         );
     }
+    if let Some(b) = &r.bandit {
+        bandit_lines(&mut out, b);
+    }
     for v in &r.variants {
         let control = if v.is_control { " (control)" } else { "" };
         let _ = writeln!(
@@ -165,6 +168,33 @@ pub fn table(r: &abserve_ab::Results) -> String {
         }
     }
     out
+}
+
+/// A bandit's arms (period-weighted estimate, chance of being best, weight) and its winner.
+fn bandit_lines(out: &mut String, b: &abserve_ab::BanditResults) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        out,
+        "bandit on {}: {} weight updates; {}",
+        b.decision_metric,
+        b.periods,
+        match &b.winner {
+            Some(w) => format!("winner {} at {} units", w.variant, w.units),
+            None => "no winner yet".into(),
+        }
+    );
+    for a in &b.arms {
+        let _ = writeln!(
+            out,
+            "  {:<18} estimate {:>10.4} ± {:.4}  units {:>6}  chance best {:>5.1}%  weight {:>5.1}%",
+            a.variant,
+            a.estimate.mean,
+            a.estimate.variance.sqrt(),
+            a.estimate.units,
+            a.chance_best * 100.0,
+            a.weight * 100.0
+        );
+    }
 }
 
 /// A treatment's CUPED read-out: the adjusted difference, its interval and p, θ and the
