@@ -49,9 +49,11 @@ impl Cell {
 }
 
 /// An arm's period-weighted estimate: its mean, the variance of that mean, its units.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Estimate {
+    #[schema(value_type = Option<f64>)]
     pub mean: f64,
+    #[schema(value_type = Option<f64>)]
     pub variance: f64,
     pub units: u64,
 }

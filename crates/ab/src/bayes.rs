@@ -22,19 +22,26 @@ use statrs::distribution::{Continuous, ContinuousCDF, Normal};
 
 use crate::stats::Summary;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Bayesian {
     /// P(treatment's mean > control's mean).
+    #[schema(value_type = Option<f64>)]
     pub chance_to_beat_control: f64,
     /// Posterior mean of the relative uplift (treatment − control) / control.
+    #[schema(value_type = Option<f64>)]
     pub uplift: f64,
+    #[schema(value_type = Option<f64>)]
     pub uplift_sd: f64,
     /// (1 − α) credible interval of the relative uplift.
+    #[schema(value_type = Option<f64>)]
     pub ci_low: f64,
+    #[schema(value_type = Option<f64>)]
     pub ci_high: f64,
     /// Expected relative loss of shipping control (what the treatment would have gained).
+    #[schema(value_type = Option<f64>)]
     pub risk_control: f64,
     /// Expected relative loss of shipping the treatment.
+    #[schema(value_type = Option<f64>)]
     pub risk_treatment: f64,
 }
 

@@ -134,16 +134,22 @@ pub fn theta(c: &PrePost, t: &PrePost) -> f64 {
 }
 
 /// A treatment's CUPED read-out against control, beside the unadjusted one.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Cuped {
+    #[schema(value_type = Option<f64>)]
     pub theta: f64,
     /// Mean pre-exposure value of the treatment's and the control's units.
+    #[schema(value_type = Option<f64>)]
     pub pre_mean: f64,
+    #[schema(value_type = Option<f64>)]
     pub control_pre_mean: f64,
     /// Adjusted means ȳ − θx̄ of the treatment and the control.
+    #[schema(value_type = Option<f64>)]
     pub mean: f64,
+    #[schema(value_type = Option<f64>)]
     pub control_mean: f64,
     /// 1 − adjusted / unadjusted variance of the difference of means.
+    #[schema(value_type = Option<f64>)]
     pub variance_reduction: f64,
     /// Welch's test and the always-valid sequence on the adjusted means.
     pub vs_control: Option<Comparison>,

@@ -30,14 +30,18 @@ use crate::stats::Summary;
 /// GrowthBook's default tuning parameter: the total units at which the sequence is tightest.
 pub const DEFAULT_TUNING: f64 = 5000.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Sequential {
     /// treatment mean − control mean
+    #[schema(value_type = Option<f64>)]
     pub diff: f64,
     /// The (1 − α) confidence sequence of `diff` at the current number of units.
+    #[schema(value_type = Option<f64>)]
     pub ci_low: f64,
+    #[schema(value_type = Option<f64>)]
     pub ci_high: f64,
     /// Always-valid p-value (≤ α exactly when the sequence excludes 0, up to rounding).
+    #[schema(value_type = Option<f64>)]
     pub p_value: f64,
 }
 

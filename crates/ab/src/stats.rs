@@ -5,14 +5,18 @@
 use serde::Serialize;
 use statrs::distribution::{ChiSquared, ContinuousCDF, Normal, StudentsT};
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Summary {
     pub n: usize,
+    #[schema(value_type = Option<f64>)]
     pub mean: f64,
     /// Sample standard deviation (n − 1).
+    #[schema(value_type = Option<f64>)]
     pub sd: f64,
     /// 95% confidence interval of the mean (Student's t).
+    #[schema(value_type = Option<f64>)]
     pub ci_low: f64,
+    #[schema(value_type = Option<f64>)]
     pub ci_high: f64,
 }
 
@@ -63,20 +67,28 @@ fn t_quantile(p: f64, df: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Comparison {
     /// treatment mean − control mean
+    #[schema(value_type = Option<f64>)]
     pub diff: f64,
     /// diff / control mean
+    #[schema(value_type = Option<f64>)]
     pub relative_lift: f64,
+    #[schema(value_type = Option<f64>)]
     pub t: f64,
+    #[schema(value_type = Option<f64>)]
     pub df: f64,
     /// Two-sided Welch's t-test p-value (scipy.stats.ttest_ind(equal_var=False)).
+    #[schema(value_type = Option<f64>)]
     pub p_value: f64,
     /// 95% confidence interval of `diff` (Welch–Satterthwaite degrees of freedom).
+    #[schema(value_type = Option<f64>)]
     pub ci_low: f64,
+    #[schema(value_type = Option<f64>)]
     pub ci_high: f64,
     /// P(treatment mean > control mean) under a Gaussian approximation of the difference.
+    #[schema(value_type = Option<f64>)]
     pub chance_to_beat_control: f64,
 }
 
@@ -118,9 +130,11 @@ pub fn welch_summaries(c: &Summary, t: &Summary) -> Option<Comparison> {
     })
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct SrmCheck {
+    #[schema(value_type = Option<f64>)]
     pub chi2: f64,
+    #[schema(value_type = Option<f64>)]
     pub p_value: f64,
     /// Flagged when p < 0.001.
     pub mismatch: bool,

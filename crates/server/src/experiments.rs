@@ -252,7 +252,7 @@ pub struct ResultsQuery {
 
 /// Per-variant results: units, exposures, metrics with confidence intervals, SRM check; one
 /// observation per unit (`?analysis=request`: the automatic metrics per request, labelled so).
-#[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name"), ("analysis" = Option<String>, Query, description = "`unit` (default: every metric one value per unit) or `request` (automatic metrics one value per request)")), responses((status = 200, body = Object)))]
+#[utoipa::path(get, path = "/v1/experiments/{name}/results", params(("name" = String, Path, description = "the experiment's name"), ("analysis" = Option<String>, Query, description = "`unit` (default: every metric one value per unit) or `request` (automatic metrics one value per request)")), responses((status = 200, body = abserve_ab::Results)))]
 pub async fn results(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,

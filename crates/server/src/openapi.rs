@@ -1,6 +1,8 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 document of every route, generated from the handlers'
 //! annotations and the body types of `abserve_protocol` (utoipa). The error answers every route
-//! can give (OpenAI's error body) are added to each operation in one place.
+//! can give (OpenAI's error body) are added to each operation in one place. Experiments and
+//! their results are described by the `abserve_ab` types; a statistic that is undefined (no
+//! data, a division by zero) is NaN there and `null` in JSON, so those numbers are nullable.
 
 use abserve_protocol::abserve::{
     Deleted, EventsAccepted, Fanout, FanoutResult, Health, Ready, ReadyMemory, ReadyPlan, SseEvent,

@@ -24,7 +24,7 @@ const UNITS: &str = "
 type UnitRow = (String, f64, Option<f64>, i64, Option<f64>);
 
 /// A bandit's read-out in `/results`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct BanditResults {
     pub decision_metric: String,
     /// Periods so far (the units before the first update are one more).
@@ -35,12 +35,14 @@ pub struct BanditResults {
     pub winner: Option<NamedWinner>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Arm {
     pub variant: String,
     #[serde(flatten)]
     pub estimate: Estimate,
+    #[schema(value_type = Option<f64>)]
     pub chance_best: f64,
+    #[schema(value_type = Option<f64>)]
     pub weight: f64,
 }
 

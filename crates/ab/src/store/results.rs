@@ -55,7 +55,9 @@ const AUTOMATIC: &str = "
 /// value per user, each user weighs the same), attributed to the unit's variant (that of its
 /// first exposure). The per-request view (every exposure one observation) stays available,
 /// labelled as such; outcome metrics are one value per unit in both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Analysis {
     #[default]
@@ -206,7 +208,7 @@ pub(super) type MomentRow = (String, String, i64, f64, f64);
 /// The level of every interval: 95%.
 pub const ALPHA: f64 = 0.05;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct MetricResult {
     pub summary: Summary,
     /// Fixed-horizon Welch's t-test against control (valid once, at a planned sample size).
@@ -231,25 +233,30 @@ pub struct MetricResult {
     pub cuped: Option<crate::cuped::Cuped>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
 pub struct Adjusted {
     /// Welch's p-value, Holm–Bonferroni adjusted (family-wise error rate).
+    #[schema(value_type = Option<f64>)]
     pub holm: f64,
     /// Welch's p-value, Benjamini–Hochberg adjusted (false discovery rate).
+    #[schema(value_type = Option<f64>)]
     pub bh: f64,
     /// The always-valid p-value, Holm–Bonferroni adjusted.
+    #[schema(value_type = Option<f64>)]
     pub sequential_holm: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RatioParts {
     pub numerator: String,
     pub denominator: String,
+    #[schema(value_type = Option<f64>)]
     pub numerator_mean: f64,
+    #[schema(value_type = Option<f64>)]
     pub denominator_mean: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct VariantResult {
     pub id: String,
     /// The LoRA adapters the variant generates with (none: the base model).
@@ -263,27 +270,30 @@ pub struct VariantResult {
     pub state: VariantState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<crate::stop::Harm>,
+    #[schema(value_type = Option<f64>)]
     pub weight: f64,
     pub units: u64,
     pub exposures: u64,
     pub metrics: BTreeMap<String, MetricResult>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum VariantState {
     Active,
     Stopped,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Results {
     pub experiment: String,
     /// What one observation is (`unit`, the default, or `request`; see [`Analysis`]).
     pub analysis: Analysis,
     pub control: String,
+    #[schema(value_type = Option<f64>)]
     pub alpha: f64,
     /// The sequential tuning parameter in use (total units where the sequence is tightest).
+    #[schema(value_type = Option<f64>)]
     pub sequential_tuning: f64,
     /// How many variant × metric comparisons with control were made (the family adjusted).
     pub comparisons: usize,
