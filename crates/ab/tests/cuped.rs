@@ -9,42 +9,17 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_ab::testing::Fresh;
-use abserve_ab::{parse_file, Exposure, OutcomeEvent};
+use abserve_ab::{parse_file, OutcomeEvent};
 use serde_json::Value;
 
 mod common;
 use common::close;
 
-fn experiment(fx: &Value) -> abserve_ab::Experiment {
-    let mut toml = String::from("[[experiment]]\nname = \"cuped\"\n");
-    for c in fx["cases"].as_array().unwrap() {
-        let d = &c["definition"];
-        toml += &format!(
-            "[[experiment.metrics]]\nname = \"{}\"\naggregation = \"{}\"\ndirection = \"{}\"\ncuped = true\n",
-            d["name"].as_str().unwrap(),
-            d["aggregation"].as_str().unwrap(),
-            d["direction"].as_str().unwrap()
-        );
-        if let Some(p) = d["cap"].as_f64() {
-            toml += &format!("cap = {p}\n");
-        }
-    }
-    toml += "[[experiment.variants]]\nid = \"a\"\n[[experiment.variants]]\nid = \"b\"\n";
-    let e = parse_file(&toml).unwrap().remove(0);
-    e.validate().unwrap();
-    e
-}
-
 async fn check(f: &Fresh) {
     let fx: Value = serde_json::from_str(include_str!("fixtures/cuped.json")).unwrap();
-    let e = experiment(&fx);
+    let e = common::experiment_of_cases("cuped", &fx);
     let s = f.store().await;
-    let names: Vec<&str> = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["definition"]["name"].as_str().unwrap())
-        .collect();
+    let names = common::case_names(&fx);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -52,17 +27,7 @@ async fn check(f: &Fresh) {
     let mut events = vec![];
     for u in fx["units"].as_array().unwrap() {
         let unit = u["unit"].as_str().unwrap();
-        let x = Exposure {
-            variant: u["variant"].as_str().unwrap().into(),
-            unit: unit.into(),
-            forced: false,
-            latency_ms: Some(1.0),
-            ttft_ms: Some(1.0),
-            output_tokens: Some(1),
-            error: None,
-            constrained: false,
-            grammar_complete: None,
-        };
+        let x = common::exposure(unit, u["variant"].as_str().unwrap());
         s.record_exposure("cuped", &x).await.unwrap();
         let pre = u["pre"].as_array().unwrap().iter().map(|p| {
             let days = p[0].as_f64().unwrap();
@@ -84,11 +49,7 @@ async fn check(f: &Fresh) {
             }
         }
     }
-    for (i, chunk) in events.chunks(5000).enumerate() {
-        s.record_events("cuped", Some(&format!("b{i}")), chunk)
-            .await
-            .unwrap();
-    }
+    common::record_all(&s, "cuped", &events).await;
     let r = s.results(&e).await.unwrap();
     for c in fx["cases"].as_array().unwrap() {
         let name = c["definition"]["name"].as_str().unwrap();

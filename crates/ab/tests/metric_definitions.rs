@@ -5,7 +5,7 @@
 //! risks flipped as gbstats' `inverse`).
 
 use abserve_ab::testing::Fresh;
-use abserve_ab::{parse_file, Exposure, OutcomeEvent};
+use abserve_ab::OutcomeEvent;
 use serde_json::Value;
 
 mod common;
@@ -13,43 +13,13 @@ use common::close;
 
 async fn check(f: &Fresh) {
     let fx: Value = serde_json::from_str(include_str!("fixtures/metric_definitions.json")).unwrap();
-    let mut toml = String::from("[[experiment]]\nname = \"defs\"\n");
-    for c in fx["cases"].as_array().unwrap() {
-        let d = &c["definition"];
-        toml += &format!(
-            "[[experiment.metrics]]\nname = \"{}\"\naggregation = \"{}\"\ndirection = \"{}\"\n",
-            d["name"].as_str().unwrap(),
-            d["aggregation"].as_str().unwrap(),
-            d["direction"].as_str().unwrap()
-        );
-        if let Some(p) = d["cap"].as_f64() {
-            toml += &format!("cap = {p}\n");
-        }
-    }
-    toml += "[[experiment.variants]]\nid = \"a\"\n[[experiment.variants]]\nid = \"b\"\n";
-    let e = parse_file(&toml).unwrap().remove(0);
-    e.validate().unwrap();
+    let e = common::experiment_of_cases("defs", &fx);
     let s = f.store().await;
-    let names: Vec<&str> = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["definition"]["name"].as_str().unwrap())
-        .collect();
+    let names = common::case_names(&fx);
     let mut events = vec![];
     for u in fx["events"].as_array().unwrap() {
         let unit = u["unit"].as_str().unwrap();
-        let x = Exposure {
-            variant: u["variant"].as_str().unwrap().into(),
-            unit: unit.into(),
-            forced: false,
-            latency_ms: Some(1.0),
-            ttft_ms: Some(1.0),
-            output_tokens: Some(1),
-            error: None,
-            constrained: false,
-            grammar_complete: None,
-        };
+        let x = common::exposure(unit, u["variant"].as_str().unwrap());
         s.record_exposure("defs", &x).await.unwrap();
         for v in u["values"].as_array().unwrap() {
             for m in &names {
@@ -62,11 +32,7 @@ async fn check(f: &Fresh) {
             }
         }
     }
-    for (i, chunk) in events.chunks(5000).enumerate() {
-        s.record_events("defs", Some(&format!("b{i}")), chunk)
-            .await
-            .unwrap();
-    }
+    common::record_all(&s, "defs", &events).await;
     let r = s.results(&e).await.unwrap();
     for c in fx["cases"].as_array().unwrap() {
         let name = c["definition"]["name"].as_str().unwrap();
