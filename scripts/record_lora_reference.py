@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Records greedy continuations from llama.cpp's own server loop (the prebuilt PyPI package
 `xllamacpp`) for the default model with a random LoRA adapter (scripts/test-lora.py, seed 1)
-at several scales, batch 1, so that abserve's adapter path can be compared token for token
-(crates/engine/tests/adapters.rs). The adapter is made here exactly as the test makes it, and its
+at several scales, batch 1, and with a set of two adapters (seeds 1 and 2) applied together, so
+that abserve's adapter path can be compared token for token (crates/engine/tests/adapters.rs). The adapter is made here exactly as the test makes it, and its
 sha256 goes into the fixture so that a different adapter is caught rather than compared.
 Regenerate with:
 
@@ -22,15 +22,22 @@ from record_reference import params
 
 MAX_TOKENS = 24
 SCALES = [1.0, 0.5]
+# scales of (seed 1, seed 2) applied together
+SET_SCALES = [[0.5, 0.5], [0.25, 0.5]]
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+
+
+def make_lora(model, seed):
+    lora = os.path.join(tempfile.mkdtemp(), f"lora-r8-seed{seed}.gguf")
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "test-lora.py"), model, lora, "--seed", str(seed)], check=True)
+    return lora, hashlib.sha256(open(lora, "rb").read()).hexdigest()
 
 
 def main():
     model = sys.argv[1]
-    lora = os.path.join(tempfile.mkdtemp(), "lora-r8-seed1.gguf")
-    here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run([sys.executable, os.path.join(here, "test-lora.py"), model, lora, "--seed", "1"], check=True)
-    sha = hashlib.sha256(open(lora, "rb").read()).hexdigest()
+    lora, sha = make_lora(model, 1)
+    lora2, sha2 = make_lora(model, 2)
     p = params(model)
     p.lora_adapters = [xlc.CommonAdapterLoraInfo(lora, 1.0)]
     s = xlc.Server(p)
@@ -43,6 +50,21 @@ def main():
             out["cases"].append({"prompt": prompt, "scale": scale, "prompt_tokens": r["usage"]["prompt_tokens"],
                                  "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
                                  "text": r["choices"][0]["text"]})
+    # the set: both adapters loaded, each request naming both scales
+    p = params(model)
+    p.lora_adapters = [xlc.CommonAdapterLoraInfo(lora, 1.0), xlc.CommonAdapterLoraInfo(lora2, 1.0)]
+    s = xlc.Server(p)
+    out["adapter2"] = "scripts/test-lora.py MODEL OUT --seed 2"
+    out["adapter2_sha256"] = sha2
+    out["sets"] = []
+    for scales in SET_SCALES:
+        for prompt in PROMPTS:
+            lora_req = [{"id": i, "scale": sc} for i, sc in enumerate(scales)]
+            r = s.handle_completions({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1,
+                                      "cache_prompt": False, "lora": lora_req})
+            out["sets"].append({"prompt": prompt, "scales": scales, "prompt_tokens": r["usage"]["prompt_tokens"],
+                                "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
+                                "text": r["choices"][0]["text"]})
     json.dump(out, sys.stdout, indent=1)
     print()
 

@@ -82,10 +82,14 @@ def test_requests_name_their_adapter_and_run_side_by_side(lora_server):
     assert ask(s, [{"path": a, "scale": 0}]) == base
     under_a, under_b = ask(s, [{"path": a}]), ask(s, [{"path": b, "scale": 1.0}])
     assert under_a != base and under_b != base and under_a != under_b
-    sets = [None, [{"path": a}], [{"path": b}], [{"path": a, "scale": 0.5}]]
+    # a set of two adapters applied together: neither alone, and one set however it is spelled
+    both = ask(s, [{"path": a}, {"path": b, "scale": 1.0}])
+    assert both not in (base, under_a, under_b)
+    assert ask(s, [{"path": b}, {"path": a}]) == both
+    sets = [None, [{"path": a}], [{"path": b}], [{"path": a, "scale": 0.5}], [{"path": a}, {"path": b}]]
     prompts = ["Tell me about the sea.", "List three fruits.", "Write to a customer."]
     alone = [tokens_and_gaps(s, st, p) for st in sets for p in prompts]
-    with ThreadPoolExecutor(12) as ex:
+    with ThreadPoolExecutor(len(sets) * len(prompts)) as ex:
         together = list(ex.map(lambda sp: tokens_and_gaps(s, *sp), [(st, p) for st in sets for p in prompts]))
     # llama.cpp's CPU kernels round a batch differently from one row, so a near-tie may flip
     # (crates/engine/tests/batching.rs); a crossed adapter would part at confident tokens
@@ -99,7 +103,7 @@ def test_requests_name_their_adapter_and_run_side_by_side(lora_server):
     # how many near-ties flip depends on how the requests happened to be batched (CI saw 9 of 12
     # once); the check that tells a crossed adapter from rounding is the gap above, this one only
     # guards against every sequence parting
-    assert identical >= 6, identical
+    assert identical * 2 >= len(alone), identical
 
 
 def test_a_prompt_never_reuses_kv_computed_under_another_adapter(lora_server):

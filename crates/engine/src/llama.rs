@@ -5,10 +5,9 @@
 //! read-only and shared through an `Arc` so that request validation (tokenizing, chat
 //! templates) happens on the caller's thread without touching the context.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -20,10 +19,12 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaLoraAdapter, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
-use crate::adapters::{AdapterBudget, AdapterSet};
 use crate::grammar::{TokenBytes, Vocab};
 use crate::plan::{KvType, MemoryPlan};
-use crate::scheduler::{Compute, Snapshot};
+
+mod compute;
+
+pub(crate) use self::compute::LlamaCompute;
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
@@ -300,6 +301,9 @@ impl Model {
 /// The one llama.cpp context; lives on the engine thread only.
 pub struct Context<'m> {
     ctx: LlamaContext<'m>,
+    /// The llama.cpp context behind `ctx`, for the calls the safe crate lacks (an adapter set
+    /// of several adapters); see [`raw_context`].
+    raw: NonNull<llama_cpp_sys_2::llama_context>,
     /// One KV pool (true) or one stream per sequence (false), as the plan laid it out.
     unified: bool,
     batch: LlamaBatch<'static>,
@@ -343,9 +347,11 @@ impl<'m> Context<'m> {
             .inner
             .new_context(backend()?, params)
             .map_err(|_| LlamaError::Context(plan.kv_cells))?;
+        let raw = raw_context(&ctx, model)?;
         let batch_cap = n_batch as usize;
         Ok(Context {
             ctx,
+            raw,
             unified: plan.kv_unified,
             batch: LlamaBatch::new(batch_cap, 1),
             batch_cap,
@@ -360,6 +366,41 @@ impl<'m> Context<'m> {
     pub fn clear_batch(&mut self) {
         self.batch.clear();
         self.overflow = None;
+    }
+
+    /// Applies `adapters` (each with its scale) to every sequence this context decodes from now
+    /// on, replacing what was applied; none is the base model (llama.cpp's
+    /// `llama_set_adapters_lora`, which the safe crate offers for one adapter only).
+    pub(crate) fn set_adapters(
+        &mut self,
+        adapters: &[(&LlamaLoraAdapter, f32)],
+    ) -> Result<(), String> {
+        let mut ptrs: Vec<*mut llama_cpp_sys_2::llama_adapter_lora> = adapters
+            .iter()
+            // SAFETY: `LlamaLoraAdapter` is #[repr(transparent)] over `Ptr`, itself
+            // #[repr(transparent)] over `NonNull<llama_adapter_lora>`: this reads the pointer
+            // llama.cpp gave when it loaded the adapter, alive while the map holds it.
+            .map(|(a, _)| unsafe {
+                *(*a as *const LlamaLoraAdapter).cast::<*mut llama_cpp_sys_2::llama_adapter_lora>()
+            })
+            .collect();
+        let mut scales: Vec<f32> = adapters.iter().map(|(_, s)| *s).collect();
+        // SAFETY: `raw` is this context's live pointer (checked at creation, freed only with
+        // `ctx`, used on the engine thread only, between decodes); the arrays hold `n` adapters
+        // loaded on this context's model and `n` scales, and outlive the call (llama.cpp copies
+        // them into its own map).
+        let code = unsafe {
+            llama_cpp_sys_2::llama_set_adapters_lora(
+                self.raw.as_ptr(),
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+                scales.as_mut_ptr(),
+            )
+        };
+        if code != 0 {
+            return Err(format!("llama.cpp refused the adapter set (error {code})"));
+        }
+        Ok(())
     }
 
     /// Adds a token to the batch. The scheduler never exceeds the batch capacity; if it did,
@@ -436,133 +477,43 @@ impl<'m> Context<'m> {
     }
 }
 
-/// The scheduler's [`Compute`] over the one llama.cpp context (the engine thread's).
-pub(crate) struct LlamaCompute<'m> {
-    pub model: &'m Model,
-    pub ctx: Context<'m>,
-    /// LoRA adapters loaded on the model, by path (freed when the budget unloads them, else
-    /// with the model).
-    pub loras: HashMap<PathBuf, LlamaLoraAdapter>,
-    /// The set applied to the context now.
-    pub applied: AdapterSet,
-    /// The plan's adapter reservation: what may be loaded, and what to free.
-    pub budget: Option<AdapterBudget>,
-}
-
-impl LlamaCompute<'_> {
-    /// Frees the adapters the budget unloaded, taking them off the context first.
-    fn free_unloaded(&mut self) -> Result<(), String> {
-        let Some(budget) = &self.budget else {
-            return Ok(());
-        };
-        for path in budget.take_unloaded() {
-            if self.applied.iter().any(|(p, _)| p == path) {
-                self.apply(&AdapterSet::default())?;
-                self.applied = AdapterSet::default();
-            }
-            if let Some(a) = self.loras.remove(&path) {
-                // SAFETY: `LlamaLoraAdapter` is #[repr(transparent)] over
-                // `NonNull<llama_adapter_lora>` (see `Model::load_lora`), so this is the pointer
-                // llama.cpp gave. The context no longer applies it (taken off above), no other
-                // handle to it exists (removed from the map, which held the only one), and
-                // llama.cpp's free unregisters it from the model before deleting it.
-                unsafe {
-                    let raw = std::mem::transmute::<
-                        LlamaLoraAdapter,
-                        NonNull<llama_cpp_sys_2::llama_adapter_lora>,
-                    >(a);
-                    llama_cpp_sys_2::llama_adapter_lora_free(raw.as_ptr());
-                }
-                tracing::debug!("adapter {} freed", path.display());
-            }
-        }
-        Ok(())
+/// The llama.cpp context inside llama-cpp-2's wrapper. The crate (pinned, `=0.1.160`) keeps
+/// the pointer private; its `Debug` prints it (`LlamaContext { context: 0x… }`, `NonNull`'s
+/// address). The address read back is checked before use: llama.cpp must report it as a
+/// context of `model` with the wrapper's cell count, else the context is refused.
+fn raw_context(
+    ctx: &LlamaContext<'_>,
+    model: &Model,
+) -> Result<NonNull<llama_cpp_sys_2::llama_context>, LlamaError> {
+    let shown = format!("{ctx:?}");
+    let refused = || {
+        LlamaError::Init(format!(
+            "llama-cpp-2 no longer shows its context pointer ({shown})"
+        ))
+    };
+    let hex: String = shown
+        .split_once("context: 0x")
+        .ok_or_else(refused)?
+        .1
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    let addr = usize::from_str_radix(&hex, 16).map_err(|_| refused())?;
+    let raw = NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(refused)?;
+    // SAFETY: see `Model::load_lora`: the model's pointer, read through two transparent wrappers
+    let model_ptr = unsafe {
+        *(&model.inner as *const LlamaModel).cast::<*const llama_cpp_sys_2::llama_model>()
+    };
+    // SAFETY: `raw` is the address the wrapper printed for its own live context (the wrapper
+    // prints nothing else in hex); llama.cpp's getters only read the context.
+    let (owner, cells) = unsafe {
+        (
+            llama_cpp_sys_2::llama_get_model(raw.as_ptr()),
+            llama_cpp_sys_2::llama_n_ctx(raw.as_ptr()),
+        )
+    };
+    if owner != model_ptr || cells != ctx.n_ctx() {
+        return Err(refused());
     }
-
-    fn apply(&mut self, set: &AdapterSet) -> Result<(), String> {
-        let mut items = set.iter();
-        let Some((path, scale)) = items.next() else {
-            // the base model: clear whatever is applied (the setter's argument is unused)
-            let Some(any) = self.loras.values_mut().next() else {
-                return Ok(());
-            };
-            return self
-                .ctx
-                .ctx
-                .lora_adapter_remove(any)
-                .map_err(|e| e.to_string());
-        };
-        if items.next().is_some() {
-            return Err(format!(
-                "{}: one adapter per context with llama-cpp-2",
-                set.label()
-            ));
-        }
-        if !self.loras.contains_key(path) {
-            let a = self.model.load_lora(path)?;
-            self.loras.insert(path.to_path_buf(), a);
-            if let Some(b) = &self.budget {
-                b.mark_loaded(path);
-            }
-        }
-        let adapter = self.loras.get_mut(path).expect("inserted above");
-        self.ctx
-            .ctx
-            .lora_adapter_set(adapter, scale)
-            .map_err(|e| e.to_string())
-    }
-}
-
-impl Compute for LlamaCompute<'_> {
-    fn batch_capacity(&self) -> usize {
-        self.ctx.batch_capacity()
-    }
-    fn clear_batch(&mut self) {
-        self.ctx.clear_batch()
-    }
-    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
-        self.ctx.add(token, pos, seq, logits)
-    }
-    fn decode(&mut self) -> Result<bool, String> {
-        self.ctx.decode()
-    }
-    fn logits(&self, batch_index: usize) -> &[f32] {
-        self.ctx.logits(batch_index)
-    }
-    fn remove_seq(&mut self, seq: i32) {
-        self.ctx.remove_seq(seq)
-    }
-    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        self.ctx.share_prefix(src, dst, len)
-    }
-    fn truncate_seq(&mut self, seq: i32, len: usize) {
-        self.ctx.truncate_seq(seq, len)
-    }
-    fn save_seq(&mut self, seq: i32) -> Option<(Snapshot, usize)> {
-        let st = self.ctx.save_seq(seq)?;
-        let n = st.byte_len();
-        Some((Box::new(st), n))
-    }
-    fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool {
-        match snap.downcast_ref::<llama_cpp_2::SeqState>() {
-            Some(st) => self.ctx.restore_seq(st, seq),
-            None => false,
-        }
-    }
-    fn piece(&self, token: i32) -> Vec<u8> {
-        self.model.piece(token)
-    }
-    fn is_eog(&self, token: i32) -> bool {
-        self.model.is_eog(token)
-    }
-    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), String> {
-        // what was unloaded is freed before anything else is loaded: loaded <= reserved
-        self.free_unloaded()?;
-        if *set == self.applied {
-            return Ok(());
-        }
-        self.apply(set)?;
-        self.applied = set.clone();
-        Ok(())
-    }
+    Ok(raw)
 }

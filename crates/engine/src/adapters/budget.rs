@@ -171,7 +171,7 @@ impl AdapterBudget {
                 pins: RwLock::new(None),
             }),
         };
-        // one at a time: a set holds at most MAX_ADAPTERS_PER_SET
+        // one at a time, each with its own field in errors
         for (i, p) in b.inner.preloaded.iter().enumerate() {
             let set = AdapterSet::new([(p.clone(), 1.0)], "--lora")?;
             b.admit(&set, &format!("--lora[{i}]"))?;

@@ -28,10 +28,6 @@ use crate::invalid::PrepareError;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AdapterSet(Vec<(PathBuf, u32)>);
 
-/// Most adapters one set may hold: llama-cpp-2's setter applies one adapter to a context (a
-/// set of several needs the raw context, which the safe crate does not give out).
-pub const MAX_ADAPTERS_PER_SET: usize = 1;
-
 impl AdapterSet {
     /// The set of `adapters` (path, scale); `field` names them in errors (`adapters`).
     pub fn new(
@@ -55,16 +51,6 @@ impl AdapterSet {
             if scale != 0.0 {
                 items.push((path, scale.to_bits()));
             }
-        }
-        if items.len() > MAX_ADAPTERS_PER_SET {
-            return Err(PrepareError::new(
-                field,
-                format!(
-                    "at most {MAX_ADAPTERS_PER_SET} adapter with a non-zero scale per request \
-                     (llama-cpp-2 applies one adapter to a context)"
-                ),
-            )
-            .beyond(MAX_ADAPTERS_PER_SET, items.len()));
         }
         items.sort();
         Ok(AdapterSet(items))
