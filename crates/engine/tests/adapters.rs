@@ -25,31 +25,11 @@ use serde_json::Value;
 /// models/test/lora-r8-seed{seed}.gguf, written once by scripts/test-lora.py (the `gguf` package
 /// in .venv, which scripts/test.sh installs).
 fn lora(seed: u64) -> PathBuf {
-    static MAKING: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = MAKING.lock().unwrap_or_else(|p| p.into_inner());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = root.join(format!("models/test/lora-r8-seed{seed}.gguf"));
-    if out.exists() {
-        return out.canonicalize().unwrap();
-    }
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let venv = root.join(".venv/bin/python");
-    let python = if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    };
-    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
-    let status = Command::new(&python)
-        .arg(root.join("scripts/test-lora.py"))
-        .arg(common::model_path())
-        .arg(&tmp)
-        .args(["--seed", &seed.to_string()])
-        .status()
-        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
-    assert!(status.success(), "scripts/test-lora.py failed: {status}");
-    std::fs::rename(&tmp, &out).unwrap();
-    out.canonicalize().unwrap()
+    common::asset(
+        &format!("lora-r8-seed{seed}.gguf"),
+        "test-lora.py",
+        &["--seed", &seed.to_string()],
+    )
 }
 
 /// An engine with `adapters` loaded at start. One starts at a time: what llama.cpp allocated is

@@ -115,9 +115,20 @@ fn device_shares_sum_to_the_device_budget() {
     }
 }
 
+/// The default model and a smaller one of the same family (its first 15 blocks), as `a` and `b`.
+fn two_different(budget: u64) -> Vec<ModelConfig> {
+    let mut models = two(budget);
+    models[1] = ModelConfig::parse(
+        &format!("b={}", common::half_model().display()),
+        &models[1].config,
+    )
+    .unwrap();
+    models
+}
+
 #[test]
 fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
-    let mut models = two(1 << 30);
+    let mut models = two_different(1 << 30);
     for m in &mut models {
         m.config.context = 512;
         m.config.max_sequences = 4;
@@ -138,12 +149,40 @@ fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
         .iter()
         .map(|m| Engine::start(m.config.clone()).unwrap())
         .collect();
+    // per model: the weights and the KV the plan counted are what llama.cpp allocated for that
+    // model (it prints MiB with two decimals: equal within 0.005 MiB); its compute and output
+    // buffers stay within the plan's compute reservation, which is a bound, not a sum of buffers
     for e in &engines {
-        let (plan, got) = (e.plan(), e.measured().llama.kv);
+        let (plan, got) = (e.plan(), e.measured().llama);
+        eprintln!(
+            "model {}: weights planned {} B, allocated {} B; KV planned {} B, allocated {} B; \
+             compute+output planned {} B, allocated {} B",
+            e.model_path().display(),
+            plan.weights_bytes,
+            got.model,
+            plan.kv_bytes,
+            got.kv,
+            plan.compute_bytes,
+            got.compute + got.output
+        );
+        let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.005 * MIB as f64;
         assert!(
-            (got as f64 - plan.kv_bytes as f64).abs() <= 0.005 * MIB as f64,
-            "planned KV {} B, llama.cpp allocated {got} B",
-            plan.kv_bytes
+            near(got.kv, plan.kv_bytes),
+            "planned KV {} B, llama.cpp allocated {} B",
+            plan.kv_bytes,
+            got.kv
+        );
+        assert!(
+            near(got.model, plan.weights_bytes),
+            "planned weights {} B, llama.cpp allocated {} B",
+            plan.weights_bytes,
+            got.model
+        );
+        assert!(
+            got.compute + got.output <= plan.compute_bytes,
+            "llama.cpp's compute and output buffers ({} B) exceed the planned compute {} B",
+            got.compute + got.output,
+            plan.compute_bytes
         );
     }
     let rxs: Vec<_> = engines
@@ -152,4 +191,8 @@ fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
         .collect();
     let together = common::tokens_of_all(rxs);
     assert_eq!(together, alone);
+    // two different models: the second's weights and KV per token are its own
+    let (a, b) = (engines[0].plan(), engines[1].plan());
+    assert!(b.weights_bytes < a.weights_bytes && b.kv_bytes_per_token * 2 == a.kv_bytes_per_token);
+    assert_ne!(together[0], together[1]);
 }

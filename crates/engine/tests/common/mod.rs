@@ -1,7 +1,9 @@
 //! Helpers for the engine's integration tests: the default model and a request runner.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
 
 use abserve_engine::plan::Budget;
 use abserve_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
@@ -20,6 +22,46 @@ pub fn model_path() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// models/test/`name`, a test asset written once by `scripts/<script> MODEL OUT args…` (with
+/// the `gguf` package in .venv, which scripts/test.sh installs); never committed.
+pub fn asset(name: &str, script: &str, args: &[&str]) -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = root.join("models/test").join(name);
+    if out.exists() {
+        return out.canonicalize().unwrap();
+    }
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let venv = root.join(".venv/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    };
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
+    let status = Command::new(&python)
+        .arg(root.join("scripts").join(script))
+        .arg(model_path())
+        .arg(&tmp)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    assert!(status.success(), "scripts/{script} failed: {status}");
+    std::fs::rename(&tmp, &out).unwrap();
+    out.canonicalize().unwrap()
+}
+
+/// A second base model: the default model's first 15 of its 30 blocks
+/// (scripts/test-model-layers.py), other weights and KV per token, the same vocabulary.
+pub fn half_model() -> PathBuf {
+    asset(
+        "smol-15-layers.gguf",
+        "test-model-layers.py",
+        &["--layers", "15"],
+    )
 }
 
 pub fn config() -> EngineConfig {
