@@ -181,6 +181,24 @@ def test_plan_divides_the_budget_and_shows_which_combinations_fit():
     assert "listening" not in r.stdout
 
 
+def test_model_shares_divide_the_rest_of_the_budget_in_proportion():
+    """--model-share base=3: what the weights leave goes 3:1, so base gets more sequences; the
+    shares still sum to the budget, and a share naming no model is refused with the ids."""
+    even, weighted = plan("--memory-budget", "2GiB"), plan("--memory-budget", "2GiB", "--model-share", "base=3")
+    assert weighted["fits"] and sum(m["host_share_bytes"] for m in weighted["models"]) == 2 << 30
+    first, second = weighted["models"]
+    assert (first["share_weight"], second["share_weight"]) == (3, 1)
+    rest = [m["host_share_bytes"] - m["plan"]["weights_bytes"] - m["plan"]["adapter_bytes"] for m in (first, second)]
+    assert abs(rest[0] - 3 * rest[1]) <= 3, rest
+    cells = lambda m: m["plan"]["kv_cells"]  # noqa: E731
+    assert cells(first) > cells(even["models"][0]) > cells(second), (cells(first), cells(even["models"][0]), cells(second))
+    for bad, words in [("other=2", "which no --model has (ids: base, tuned)"), ("base=0", "positive number"),
+                       ("base", "is not ID=N")]:
+        r = subprocess.run([str(BINARY), "plan", "--model", f"base={MODEL}", "--model", f"tuned={tuned()}",
+                            "--model-share", bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
 def test_eval_in_process_runs_each_variant_on_its_model(tmp_path):
     exp = tmp_path / "exp.toml"
     exp.write_text("""

@@ -16,6 +16,11 @@ pub struct ModelArgs {
     /// default, and the memory budget is divided between them (docs/adapters.md).
     #[arg(long, env = "ABSERVE_MODEL", default_value = DEFAULT_MODEL)]
     pub model: Vec<String>,
+    /// `ID=N`: model ID's weight in the division of the budget between several models (what
+    /// their weights and adapters leave is divided in proportion; default 1 each, equal parts).
+    /// Repeatable.
+    #[arg(long)]
+    pub model_share: Vec<String>,
     /// Host memory budget: bytes (`2GiB`, `512MB`) or a share of available memory (`50%`)
     /// [default: 2GiB].
     #[arg(long, value_parser = parse_budget)]
@@ -137,6 +142,7 @@ impl ModelArgs {
             .iter()
             .map(|spec| ModelConfig::parse(spec, &base).map_err(|e| anyhow::anyhow!(e)))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        ModelConfig::set_shares(&mut models, &self.model_share).map_err(|e| anyhow::anyhow!(e))?;
         // adapters are tensors of one base model's weights: they belong to the first
         for m in models.iter_mut().skip(1) {
             m.config.adapters.clear();

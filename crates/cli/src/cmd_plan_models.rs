@@ -62,13 +62,16 @@ pub fn run(models: Vec<ModelConfig>, json: bool) -> anyhow::Result<()> {
         .map(|m| m.config.model.display().to_string())
         .collect();
     let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
+    let weights: Vec<f64> = models.iter().map(|m| m.share).collect();
+    let total: f64 = weights.iter().sum();
+    let part = |i: usize| weights[i] / total;
     let together = plan_together(models);
     if json {
         let v = serde_json::json!({
             "models": match &together {
-                Ok((shares, plans)) => ids.iter().zip(&sources).zip(shares.iter().zip(plans)).map(|((id, src), (s, p))| {
-                    serde_json::json!({"id": id, "model": src, "host_share_bytes": s.host_budget,
-                        "device_share_bytes": s.device_budget, "plan": p})
+                Ok((shares, plans)) => ids.iter().zip(&sources).zip(shares.iter().zip(plans)).enumerate().map(|(i, ((id, src), (s, p)))| {
+                    serde_json::json!({"id": id, "model": src, "share_weight": weights[i],
+                        "host_share_bytes": s.host_budget, "device_share_bytes": s.device_budget, "plan": p})
                 }).collect::<Vec<_>>(),
                 Err(_) => vec![],
             },
@@ -81,8 +84,13 @@ pub fn run(models: Vec<ModelConfig>, json: bool) -> anyhow::Result<()> {
     }
     match &together {
         Ok((shares, plans)) => {
-            for ((id, src), (s, p)) in ids.iter().zip(&sources).zip(shares.iter().zip(plans)) {
-                println!("== model '{id}': its share {}", share_text(s));
+            for (i, ((id, src), (s, p))) in ids
+                .iter()
+                .zip(&sources)
+                .zip(shares.iter().zip(plans))
+                .enumerate()
+            {
+                println!("== model '{id}': its share {}", share_text(s, part(i)));
                 let rows = crate::plan_table::host_rows(p, src.clone());
                 for (k, v) in rows.into_iter().chain(crate::plan_table::device_rows(p)) {
                     println!("  {k:<26} {v}");
@@ -119,11 +127,13 @@ pub fn run(models: Vec<ModelConfig>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn share_text(s: &Share) -> String {
+/// `part`: the model's fraction of what the fixed parts leave (`--model-share`).
+fn share_text(s: &Share, part: f64) -> String {
     let host = format!(
-        "{} of host memory ({} weights and adapters + an equal part of the rest)",
+        "{} of host memory ({} weights and adapters + {:.0}% of the rest)",
         human_bytes(s.host_budget),
-        human_bytes(s.host_fixed)
+        human_bytes(s.host_fixed),
+        part * 100.0
     );
     if s.device_budget > 0 {
         format!(

@@ -2,8 +2,9 @@
 //! between them before any of them loads.
 //!
 //! Each model gets its fixed part — its weights and its adapters, on the host and on the device
-//! as its layers are offloaded — and an equal share of what is left, for its own KV cache,
-//! compute buffers and prefix store. Invariants:
+//! as its layers are offloaded — and a share of what is left, for its own KV cache, compute
+//! buffers and prefix store: equal shares, or in proportion to each model's `share` weight
+//! (`--model-share id=N`, default 1). Invariants:
 //! - the shares sum to the budget (host and device alike), and every model's plan is made
 //!   within its share by the one planner (`plan`), so the models together never exceed the
 //!   budget, and the margin is the budget's margin;
@@ -11,8 +12,9 @@
 //!   model's number, before anything is loaded; one that leaves a model no room for a single
 //!   sequence is refused by that model's plan (`DoesNotFit`, every number), also before loading.
 //!
-//! Equal shares of the rest are a choice: two models of one A/B test get the same number of
-//! sequences only when their KV per token is equal; `abserve plan` shows each model's slots.
+//! Equal shares of the rest are the default: two models of one A/B test get the same number of
+//! sequences only when their KV per token is equal; `abserve plan` shows each model's slots,
+//! and weights give a model with more KV per token (or more traffic) the larger part.
 
 use std::sync::Arc;
 
@@ -25,6 +27,8 @@ use crate::plan::{human_bytes, Budget, MemoryPlan};
 pub struct ModelConfig {
     pub id: String,
     pub config: EngineConfig,
+    /// Its weight in the division of what the models' fixed parts leave (1 unless set).
+    pub share: f64,
 }
 
 impl ModelConfig {
@@ -52,7 +56,35 @@ impl ModelConfig {
         }
         let mut config = base.clone();
         config.model = path;
-        Ok(ModelConfig { id, config })
+        Ok(ModelConfig {
+            id,
+            config,
+            share: 1.0,
+        })
+    }
+
+    /// Sets the share weights of `specs` (`id=N`, N a positive number) on `models`.
+    pub fn set_shares(models: &mut [ModelConfig], specs: &[String]) -> Result<(), String> {
+        for spec in specs {
+            let (id, n) = spec
+                .split_once('=')
+                .ok_or_else(|| format!("--model-share '{spec}' is not ID=N"))?;
+            let (id, n) = (id.trim(), n.trim());
+            let share = n
+                .parse::<f64>()
+                .ok()
+                .filter(|w| w.is_finite() && *w > 0.0)
+                .ok_or_else(|| {
+                    format!("--model-share {id}: the weight must be a positive number, got '{n}'")
+                })?;
+            let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+            let ids = ids.join(", ");
+            let m = models.iter_mut().find(|m| m.id == id).ok_or_else(|| {
+                format!("--model-share names '{id}', which no --model has (ids: {ids})")
+            })?;
+            m.share = share;
+        }
+        Ok(())
     }
 }
 
@@ -60,7 +92,8 @@ impl ModelConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
     pub id: String,
-    /// Weights and adapters on the host, and its host budget (fixed part + equal share).
+    /// Weights and adapters on the host, and its host budget (fixed part + its share of the
+    /// rest).
     pub host_fixed: u64,
     pub host_budget: u64,
     /// The same on the device, when layers are offloaded (0 otherwise).
@@ -96,7 +129,6 @@ pub fn divide_budget(models: &mut [ModelConfig]) -> Result<Vec<Share>, EngineErr
         .collect::<Result<_, _>>()?;
     // every model was planned under the one budget: its resolved bytes are the process's
     let (host_total, device_total) = (probes[0].budget_bytes, device_budget(&probes[0]));
-    let n = models.len() as u64;
     let fixed: Vec<Share> = models
         .iter()
         .zip(&probes)
@@ -128,12 +160,15 @@ pub fn divide_budget(models: &mut [ModelConfig]) -> Result<Vec<Share>, EngineErr
     } else {
         0
     };
+    let weights: Vec<f64> = models.iter().map(|m| m.share).collect();
+    let host_parts = parts(host_rest, &weights);
+    let device_parts = parts(device_rest, &weights);
     let mut shares = Vec::with_capacity(models.len());
-    for (m, f) in models.iter_mut().zip(fixed) {
+    for (i, (m, f)) in models.iter_mut().zip(fixed).enumerate() {
         let s = Share {
-            host_budget: f.host_fixed + host_rest / n,
+            host_budget: f.host_fixed + host_parts[i],
             device_budget: if device_total > 0 {
-                f.device_fixed + device_rest / n
+                f.device_fixed + device_parts[i]
             } else {
                 0
             },
@@ -146,6 +181,21 @@ pub fn divide_budget(models: &mut [ModelConfig]) -> Result<Vec<Share>, EngineErr
         shares.push(s);
     }
     Ok(shares)
+}
+
+/// `rest` divided in proportion to `weights`, in whole bytes that sum to `rest` (the last part
+/// takes what rounding down left).
+fn parts(rest: u64, weights: &[f64]) -> Vec<u64> {
+    let total: f64 = weights.iter().sum();
+    let mut out: Vec<u64> = weights
+        .iter()
+        .map(|w| (rest as f64 * (w / total)).floor() as u64)
+        .collect();
+    let given: u64 = out.iter().sum();
+    if let Some(last) = out.last_mut() {
+        *last += rest.saturating_sub(given);
+    }
+    out
 }
 
 fn device_budget(p: &MemoryPlan) -> u64 {

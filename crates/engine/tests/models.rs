@@ -78,6 +78,34 @@ fn the_shares_sum_to_the_budget_and_each_plan_fits_its_share() {
 }
 
 #[test]
+fn share_weights_divide_the_rest_in_proportion_and_still_sum_to_the_budget() {
+    let budget = (2u64 << 30) + 7; // a rest that does not divide evenly
+    let mut models = two(budget);
+    for m in &mut models {
+        m.config.kv_cells_cap = None; // the tests' cap would hide the difference in KV
+    }
+    ModelConfig::set_shares(&mut models, &["a=3".into()]).unwrap();
+    let shares = divide_budget(&mut models).unwrap();
+    assert_eq!(shares.iter().map(|s| s.host_budget).sum::<u64>(), budget);
+    let rest: Vec<u64> = shares
+        .iter()
+        .map(|s| s.host_budget - s.host_fixed)
+        .collect();
+    assert!(rest[0].abs_diff(3 * rest[1]) <= 3, "{rest:?}");
+    let plans = check_all(&models).unwrap();
+    assert!(plans[0].kv_cells > plans[1].kv_cells);
+    for (spec, words) in [
+        ("c=1", "no --model has (ids: a, b)"),
+        ("a=-1", "positive number"),
+        ("a=inf", "positive number"),
+        ("a", "not ID=N"),
+    ] {
+        let e = ModelConfig::set_shares(&mut two(budget), &[spec.into()]).unwrap_err();
+        assert!(e.contains(words), "{spec}: {e}");
+    }
+}
+
+#[test]
 fn weights_that_do_not_fit_are_refused_before_loading_with_every_number() {
     let weights = common::config().plan().unwrap().1.weights_bytes;
     // room for one copy of the weights and the margin, not two
