@@ -125,6 +125,34 @@ def test_a_prompt_never_reuses_kv_computed_under_another_adapter(lora_server):
     assert complete(a) > 0 and reused() > before, "the prompt under a again should reuse its own KV"
 
 
+def labelled(server, name, label):
+    """The value of `name{adapters="label"}` in /metrics (0 when absent)."""
+    status, text = http("GET", server.base + "/metrics")
+    assert status == 200
+    want = f'{name}{{adapters="{label}"}} '
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(want))
+
+
+def test_metrics_count_requests_and_tokens_per_adapter_set(lora_server):
+    s, a, b = lora_server
+    c = openai.OpenAI(base_url=s.url, api_key="unused")
+    sets = {"lora-r8-seed1.gguf×1": [{"path": a}], "base": None,
+            "lora-r8-seed1.gguf×1+lora-r8-seed2.gguf×0.5": [{"path": b, "scale": 0.5}, {"path": a}]}
+    names = ["abserve_adapter_requests_total", "abserve_adapter_prompt_tokens_total",
+             "abserve_adapter_generated_tokens_total"]
+    before = {(n, l): labelled(s, n, l) for n in names for l in sets}
+    used = {l: [0, 0, 0] for l in sets}
+    for label, adapters in sets.items():
+        for _ in range(2):
+            r = c.completions.create(model=MODEL_ID, prompt="Name a colour:", max_tokens=5, temperature=0,
+                                     extra_body={"adapters": adapters} if adapters else {})
+            used[label] = [used[label][0] + 1, used[label][1] + r.usage.prompt_tokens,
+                           used[label][2] + r.usage.completion_tokens]
+    for label in sets:
+        got = [labelled(s, n, label) - before[(n, label)] for n in names]
+        assert got == used[label], (label, got, used[label])
+
+
 def test_an_adapter_the_server_does_not_have_is_a_400(lora_server):
     s, a, _ = lora_server
     with pytest.raises(openai.BadRequestError) as e:

@@ -99,6 +99,12 @@ pub const ADAPTER_BYTES_RESERVED: &str = "abserve_adapter_bytes_reserved";
 pub const ADAPTER_BYTES_ADMITTED: &str = "abserve_adapter_bytes_admitted";
 pub const ADAPTERS_LOADED: &str = "abserve_adapters_loaded";
 pub const ADAPTER_UNLOADS: &str = "abserve_adapter_unloads_total";
+/// Per adapter set of the default model (label `adapters`: `base`, or `file.gguf×scale` joined
+/// by `+`; at most 64 sets, the rest as `other`): finished requests, their prompt tokens and
+/// their generated tokens.
+pub const ADAPTER_REQUESTS: &str = "abserve_adapter_requests_total";
+pub const ADAPTER_PROMPT_TOKENS: &str = "abserve_adapter_prompt_tokens_total";
+pub const ADAPTER_GENERATED_TOKENS: &str = "abserve_adapter_generated_tokens_total";
 /// Per model (`model` label; every model of a server, the default too): its plan and its
 /// engine's KV, queue and tokens.
 pub const MODEL_BUDGET: &str = "abserve_model_budget_bytes";

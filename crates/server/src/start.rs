@@ -51,7 +51,7 @@ pub fn start_models(
         metrics.add_model(id, e);
     }
     if let Some(budget) = abserve_engine::prepare::Tokenizer::adapters(&*engines[0].1) {
-        crate::adapter_metrics::add(&metrics, budget.clone())?;
+        crate::adapter_metrics::add(&metrics, budget.clone(), engines[0].1.stats_handle())?;
     }
     Ok((engines, metrics))
 }

@@ -141,6 +141,11 @@ impl Scheduler {
                 self.release(be, a)
             }
             .ended();
+            self.stats.count_set(
+                self.sets[s.adapters as usize].label(),
+                s.n_prompt,
+                s.generated(),
+            );
             let now = Instant::now();
             let admitted = s.admitted.unwrap_or(s.arrived);
             let grammar = s.constraint.as_mut().map(|c| GrammarOutcome {

@@ -60,6 +60,20 @@ pub struct EngineStats {
     pub(crate) matcher_bytes: AtomicU64,
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
+    /// Finished requests per adapter set (its label), at most [`MAX_SET_LABELS`] sets.
+    sets: Mutex<HashMap<String, SetCounts>>,
+}
+
+/// Sets counted by name; the rest are counted as `other` (a client chooses scales, so the
+/// labels must be bounded).
+pub const MAX_SET_LABELS: usize = 64;
+
+/// What the requests that ran under one adapter set did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SetCounts {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
 }
 
 impl EngineStats {
@@ -124,6 +138,28 @@ impl EngineStats {
         self.groups
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A request that ran under the adapter set `label` finished.
+    pub(crate) fn count_set(&self, label: String, prompt: usize, generated: usize) {
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        let key = if sets.len() < MAX_SET_LABELS || sets.contains_key(&label) {
+            label
+        } else {
+            "other".to_string()
+        };
+        let c = sets.entry(key).or_default();
+        c.requests += 1;
+        c.prompt_tokens += prompt as u64;
+        c.generated_tokens += generated as u64;
+    }
+
+    /// Finished requests per adapter set (`base` for none), sorted by label.
+    pub fn adapter_sets(&self) -> Vec<(String, SetCounts)> {
+        let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = sets.iter().map(|(k, c)| (k.clone(), *c)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// The counters the grammar compiler writes.
