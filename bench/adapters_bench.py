@@ -14,7 +14,10 @@ on 2 cores, was slower); 16 slots in all (naive: 4 slots each), 512 context toke
 flash attention on. abserve: --adapter-turn as given (--abserve-args).
 
     .venv/bin/pip install xllamacpp==2026.10.11549 gguf==0.19.0
-    .venv/bin/python bench/adapters_bench.py [--runs 3]
+    .venv/bin/python bench/adapters_bench.py [--runs 3] [--only abserve,base,per-request,naive]
+
+`base` (not in the default set) is abserve with no adapter under the same traffic: the memory
+goal's "one model" measured under load, not idle.
 """
 import argparse
 import json
@@ -101,7 +104,11 @@ def start_peer(model, parallel, threads, loras=()):
 
 def run(setup, loras, merged, clients):
     """(tokens/s, peak PSS bytes) of one setup under the workload."""
-    if setup == "abserve":
+    if setup == "base":
+        # one model, no adapter, under the same traffic: the fair "one model" for memory
+        procs = [start_abserve([])]
+        route = lambda v, b: (procs[0][1], b)  # noqa: E731
+    elif setup == "abserve":
         procs = [start_abserve(loras)]
         route = lambda v, b: (procs[0][1], dict(b, adapters=[{"path": str(loras[v])}]))  # noqa: E731
     elif setup == "per-request":
@@ -160,7 +167,8 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     names = {"abserve": "abserve: one model, 4 adapters, per-request sets",
              "per-request": "(b) llama.cpp server, 4 adapters, per-request `lora`",
-             "naive": "(a) 4 llama.cpp servers, one per merged fine-tune"}
+             "naive": "(a) 4 llama.cpp servers, one per merged fine-tune",
+             "base": "one model under the same load (abserve, no adapter)"}
     for c in (8, 16):
         ours = res[("abserve", c)]
         for s in setups:
@@ -170,6 +178,11 @@ def main():
                   f"{statistics.median(x[1] for x in xs) / 2**20:.0f} MiB | "
                   f"{statistics.median(x[1] for x in xs) / one_model:.2f}x | "
                   f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
+    if "base" in setups:
+        for c in (8, 16):
+            r = [o[1] / b[1] for o, b in zip(res[("abserve", c)], res[("base", c)])]
+            print(f"{c} clients: abserve with 4 adapters / one model under the same load, peak PSS: "
+                  f"{statistics.median(r):.3f}x ({min(r):.3f}-{max(r):.3f})")
     print("\n" + json.dumps({f"{s}/{c}": v for (s, c), v in res.items()}))
 
 
