@@ -11,6 +11,7 @@ import argparse
 import gguf
 import numpy as np
 from gguf import quants
+from gguf_copy import copy_fields
 
 
 def main() -> None:
@@ -26,12 +27,7 @@ def main() -> None:
     pairs = {t.name: t for t in lora.tensors}
     arch = base.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(a.out, arch=arch)
-    for field in base.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    copy_fields(base, writer)
     merged = 0
     for t in base.tensors:
         la, lb = pairs.get(t.name + ".lora_a"), pairs.get(t.name + ".lora_b")

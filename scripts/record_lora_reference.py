@@ -2,8 +2,9 @@
 """Records greedy continuations from llama.cpp's own server loop (the prebuilt PyPI package
 `xllamacpp`) for the default model with a random LoRA adapter (scripts/test-lora.py, seed 1)
 at several scales, batch 1, and with a set of two adapters (seeds 1 and 2) applied together, so
-that abserve's adapter path can be compared token for token (crates/engine/tests/adapters.rs). The adapter is made here exactly as the test makes it, and its
-sha256 goes into the fixture so that a different adapter is caught rather than compared.
+that abserve's adapter path can be compared token for token (crates/engine/tests/adapters.rs).
+The adapters are made here exactly as the test makes them, and their sha256 go into the
+fixture so that a different adapter is caught rather than compared.
 Regenerate with:
 
     .venv/bin/pip install xllamacpp==2026.10.11549
@@ -34,6 +35,13 @@ def make_lora(model, seed):
     return lora, hashlib.sha256(open(lora, "rb").read()).hexdigest()
 
 
+def answer(r):
+    """A reference case's answer: prompt size, greedy tokens and text."""
+    return {"prompt_tokens": r["usage"]["prompt_tokens"],
+            "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
+            "text": r["choices"][0]["text"]}
+
+
 def main():
     model = sys.argv[1]
     lora, sha = make_lora(model, 1)
@@ -47,9 +55,7 @@ def main():
         for prompt in PROMPTS:
             r = s.handle_completions({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1,
                                       "cache_prompt": False, "lora": [{"id": 0, "scale": scale}]})
-            out["cases"].append({"prompt": prompt, "scale": scale, "prompt_tokens": r["usage"]["prompt_tokens"],
-                                 "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
-                                 "text": r["choices"][0]["text"]})
+            out["cases"].append({"prompt": prompt, "scale": scale, **answer(r)})
     # the set: both adapters loaded, each request naming both scales
     p = params(model)
     p.lora_adapters = [xlc.CommonAdapterLoraInfo(lora, 1.0), xlc.CommonAdapterLoraInfo(lora2, 1.0)]
@@ -62,9 +68,7 @@ def main():
             lora_req = [{"id": i, "scale": sc} for i, sc in enumerate(scales)]
             r = s.handle_completions({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1,
                                       "cache_prompt": False, "lora": lora_req})
-            out["sets"].append({"prompt": prompt, "scales": scales, "prompt_tokens": r["usage"]["prompt_tokens"],
-                                "tokens": [c["id"] for c in r["choices"][0]["logprobs"]["content"]],
-                                "text": r["choices"][0]["text"]})
+            out["sets"].append({"prompt": prompt, "scales": scales, **answer(r)})
     json.dump(out, sys.stdout, indent=1)
     print()
 

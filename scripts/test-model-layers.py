@@ -12,6 +12,7 @@ import argparse
 import os
 
 import gguf
+from gguf_copy import copy_fields
 
 
 def main() -> None:
@@ -28,13 +29,7 @@ def main() -> None:
         raise SystemExit(f"--layers must be between 1 and {n - 1}, got {a.layers}")
     tmp = a.out + ".part"
     writer = gguf.GGUFWriter(tmp, arch=arch)
-    for field in base.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = a.layers if field.name == count_key else field.contents()
-        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+    copy_fields(base, writer, {count_key: a.layers})
     kept = 0
     for t in base.tensors:
         if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= a.layers:

@@ -174,7 +174,6 @@ fn step(g: &mut Group, adapter: Option<usize>) {
 fn prefill(g: &mut Group, prompt: &[LlamaToken], loras: &mut [LlamaLoraAdapter], fixed: bool) {
     let adapters: Vec<usize> = {
         let mut v: Vec<usize> = g.seqs.iter().map(|s| s.1).collect();
-        v.dedup();
         v.sort();
         v.dedup();
         v

@@ -49,4 +49,4 @@ pub use request::{
     GrammarOutcome, Request, SubmitError,
 };
 pub use sampler::{SamplingParams, TokenLogprob};
-pub use scheduler::{EngineStats, SetCounts, StatsSnapshot, MAX_SET_LABELS};
+pub use scheduler::{EngineStats, SetCounts, StatsSnapshot};

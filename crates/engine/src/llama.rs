@@ -243,6 +243,14 @@ impl Model {
         }
     }
 
+    /// The llama.cpp model behind the safe wrapper, for the calls the safe crate lacks.
+    fn raw(&self) -> *mut llama_cpp_sys_2::llama_model {
+        // SAFETY: `LlamaModel` is #[repr(transparent)] over llama-cpp-2's `Ptr<llama_model>`,
+        // itself #[repr(transparent)] over `NonNull<llama_model>`, so reading it as a pointer
+        // gives the model llama.cpp allocated, alive as long as `self`.
+        unsafe { *(&self.inner as *const LlamaModel).cast::<*mut llama_cpp_sys_2::llama_model>() }
+    }
+
     /// Loads the LoRA adapter at `path` onto the model (llama.cpp keeps it until the model is
     /// freed). The safe crate's loader takes `&mut LlamaModel`, which the shared model cannot
     /// give while its context lives, so this calls the sys binding; only the engine thread
@@ -252,12 +260,7 @@ impl Model {
             .to_str()
             .and_then(|p| CString::new(p).ok())
             .ok_or_else(|| format!("{}: not a usable path", path.display()))?;
-        // SAFETY: `LlamaModel` is #[repr(transparent)] over llama-cpp-2's `Ptr<llama_model>`,
-        // itself #[repr(transparent)] over `NonNull<llama_model>`, so reading it as a pointer
-        // gives the model llama.cpp allocated, alive as long as `self`.
-        let model = unsafe {
-            *(&self.inner as *const LlamaModel).cast::<*mut llama_cpp_sys_2::llama_model>()
-        };
+        let model = self.raw();
         // SAFETY: `model` is a live model and `c` a NUL-terminated path that outlives the call;
         // llama.cpp reads the file and the model's tensor table and registers the adapter with
         // the model. Nothing else touches the model's adapters meanwhile: only the engine thread
@@ -500,10 +503,7 @@ fn raw_context(
         .collect();
     let addr = usize::from_str_radix(&hex, 16).map_err(|_| refused())?;
     let raw = NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(refused)?;
-    // SAFETY: see `Model::load_lora`: the model's pointer, read through two transparent wrappers
-    let model_ptr = unsafe {
-        *(&model.inner as *const LlamaModel).cast::<*const llama_cpp_sys_2::llama_model>()
-    };
+    let model_ptr = model.raw().cast_const();
     // SAFETY: `raw` is the address the wrapper printed for its own live context (the wrapper
     // prints nothing else in hex); llama.cpp's getters only read the context.
     let (owner, cells) = unsafe {

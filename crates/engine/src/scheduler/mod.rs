@@ -41,7 +41,7 @@ use crate::text::TextStream;
 
 use kv::{Cached, CellTable, PrefixStore, SlotPool, Stored};
 use seq::{Active, Seq};
-pub use stats::{EngineStats, SetCounts, StatsSnapshot, MAX_SET_LABELS};
+pub use stats::{EngineStats, SetCounts, StatsSnapshot};
 
 /// What the scheduler needs from a model + context. llama.cpp implements it in `engine.rs`;
 /// tests implement it with a tiny deterministic fake.

@@ -66,7 +66,7 @@ pub struct EngineStats {
 
 /// Sets counted by name; the rest are counted as `other` (a client chooses scales, so the
 /// labels must be bounded).
-pub const MAX_SET_LABELS: usize = 64;
+const MAX_SET_LABELS: usize = 64;
 
 /// What the requests that ran under one adapter set did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
