@@ -11,13 +11,15 @@ Measured per run: generated tokens/s of wall time and the peak summed PSS of the
 processes (resident memory, shared pages divided among their sharers). abserve and (b) run
 2 threads (the machine's cores), the naive setup's 4 servers 1 each (2 each, 8 spinning threads
 on 2 cores, was slower); 16 slots in all (naive: 4 slots each), 512 context tokens per slot,
-flash attention on. abserve: --adapter-turn as given (--abserve-args).
+flash attention on. abserve twice: `lanes`, four adapter lanes (one llama.cpp context per lane
+on the shared weights, 64-token micro-batches), and `abserve`, one context whose adapter set
+changes in turns (--adapter-turn as given in --abserve-args).
 
     .venv/bin/pip install xllamacpp==2026.10.11549 gguf==0.19.0
-    .venv/bin/python bench/adapters_bench.py [--runs 3] [--only abserve,base,per-request,naive]
+    .venv/bin/python bench/adapters_bench.py [--runs 3] [--only lanes,abserve,base,per-request,naive]
 
-`base` (not in the default set) is abserve with no adapter under the same traffic: the memory
-goal's "one model" measured under load, not idle.
+`base` is abserve with no adapter (default settings) under the same traffic: the memory goal's
+"one model" measured under load, not idle. The ratio columns divide `--ours` (default lanes).
 """
 import argparse
 import json
@@ -67,10 +69,15 @@ def workload(n=32):
 EXTRA = []
 
 
-def start_abserve(loras):
+# abserve with adapter lanes: one context per adapter set on the shared weights, 64-token
+# micro-batches so that four compute buffers cost little
+LANES = ["--adapter-lanes", "4", "--batch", "64"]
+
+
+def start_abserve(loras, lanes=()):
     args = [str(ABSERVE), "serve", "--model", str(MODEL), "--port", "0", "--threads", "2", "--model-id", "m",
             "--data-dir", tempfile.mkdtemp(prefix="abserve-bench-"), "--max-sequences", "16", "--context", "512",
-            "--queue-timeout", "300", *EXTRA]
+            "--queue-timeout", "300", *EXTRA, *lanes]
     for l in loras:
         args += ["--lora", str(l)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -108,8 +115,8 @@ def run(setup, loras, merged, clients):
         # one model, no adapter, under the same traffic: the fair "one model" for memory
         procs = [start_abserve([])]
         route = lambda v, b: (procs[0][1], b)  # noqa: E731
-    elif setup == "abserve":
-        procs = [start_abserve(loras)]
+    elif setup in ("abserve", "lanes"):
+        procs = [start_abserve(loras, LANES if setup == "lanes" else ())]
         route = lambda v, b: (procs[0][1], dict(b, adapters=[{"path": str(loras[v])}]))  # noqa: E731
     elif setup == "per-request":
         procs = [start_peer(MODEL, 16, 2, loras)]
@@ -140,7 +147,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--abserve-args", default="")
-    ap.add_argument("--only", default="abserve,per-request,naive")
+    ap.add_argument("--only", default="lanes,abserve,base,per-request,naive")
+    ap.add_argument("--ours", default="lanes", help="the setup the ratio columns divide")
     a = ap.parse_args()
     EXTRA.extend(a.abserve_args.split())
     import xllamacpp
@@ -165,12 +173,13 @@ def main():
           f"{one_model / 2**20:.0f} MiB PSS\n")
     print("| setup | clients | tok/s | peak PSS | memory vs one model | abserve tok/s ÷ this |")
     print("|---|---:|---:|---:|---:|---:|")
-    names = {"abserve": "abserve: one model, 4 adapters, per-request sets",
+    names = {"lanes": "abserve: one model, 4 adapters, 4 adapter lanes (--adapter-lanes 4 --batch 64)",
+             "abserve": "abserve: one model, 4 adapters, sets in turns on one context",
              "per-request": "(b) llama.cpp server, 4 adapters, per-request `lora`",
              "naive": "(a) 4 llama.cpp servers, one per merged fine-tune",
              "base": "one model under the same load (abserve, no adapter)"}
     for c in (8, 16):
-        ours = res[("abserve", c)]
+        ours = res[(a.ours, c)]
         for s in setups:
             xs = res[(s, c)]
             ratios = [o[0] / x[0] for o, x in zip(ours, xs)]
@@ -179,10 +188,11 @@ def main():
                   f"{statistics.median(x[1] for x in xs) / one_model:.2f}x | "
                   f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
     if "base" in setups:
-        for c in (8, 16):
-            r = [o[1] / b[1] for o, b in zip(res[("abserve", c)], res[("base", c)])]
-            print(f"{c} clients: abserve with 4 adapters / one model under the same load, peak PSS: "
-                  f"{statistics.median(r):.3f}x ({min(r):.3f}-{max(r):.3f})")
+        for s in [x for x in ("lanes", "abserve") if x in setups]:
+            for c in (8, 16):
+                r = [o[1] / b[1] for o, b in zip(res[(s, c)], res[("base", c)])]
+                print(f"{c} clients: {s} with 4 adapters / one model under the same load, peak PSS: "
+                      f"{statistics.median(r):.3f}x ({min(r):.3f}-{max(r):.3f})")
     print("\n" + json.dumps({f"{s}/{c}": v for (s, c), v in res.items()}))
 
 

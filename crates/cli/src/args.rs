@@ -101,6 +101,12 @@ pub struct ModelArgs {
     /// 0 runs every set in every step.
     #[arg(long, default_value_t = 8)]
     pub adapter_turn: usize,
+    /// llama.cpp contexts on the one model that divide the slots between them; each applies its
+    /// own adapter set and they decode side by side, so sequences of different sets need no
+    /// turns. Each lane has compute buffers of its own (the plan counts them): pair with a small
+    /// --batch (e.g. 64). Split KV streams only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub adapter_lanes: u64,
 }
 
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -200,6 +206,7 @@ impl ModelArgs {
         c.adapter_dir = self.adapter_dir.clone();
         c.adapter_memory = self.adapter_memory;
         c.adapter_turn = self.adapter_turn;
+        c.adapter_lanes = self.adapter_lanes;
         if self.gpu_layers != Some(GpuLayers::Count(0)) {
             // none in a CPU build; the engine refuses --gpu-layers then (`plan` may add a
             // hypothetical device first)

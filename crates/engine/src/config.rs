@@ -85,6 +85,10 @@ pub struct EngineConfig {
     /// Steps an adapter set keeps the context while other sets' sequences wait
     /// (`--adapter-turn`; `scheduler/step.rs`).
     pub adapter_turn: usize,
+    /// llama.cpp contexts on the one model that divide the slots between them, each applying
+    /// its own adapter set, decoded side by side (`--adapter-lanes`; `lanes.rs`); 1: one
+    /// context whose set is switched in turns. Split KV streams only.
+    pub adapter_lanes: u64,
 }
 
 /// How many layers go to the device (`--gpu-layers N|all`).
@@ -148,6 +152,7 @@ impl EngineConfig {
             adapter_dir: None,
             adapter_memory: 0,
             adapter_turn: 8,
+            adapter_lanes: 1,
         }
     }
 
@@ -191,6 +196,7 @@ impl EngineConfig {
         s.admission_control = self.admission_control;
         s.fast_forward = self.fast_forward;
         s.adapter_turn = self.adapter_turn;
+        s.lanes = plan.lanes as usize;
         if !self.prefix_sharing {
             s.min_shared_prefix = usize::MAX;
         }
@@ -225,6 +231,7 @@ impl EngineConfig {
             } else {
                 Some(0)
             },
+            lanes: self.adapter_lanes,
             offload: self.offload(&header, &shape),
         });
         Ok((header, plan))
@@ -249,6 +256,8 @@ pub enum EngineError {
     /// Several models whose budget shares do not fit (`models.rs`), with every number.
     #[error("{0}")]
     Models(String),
+    #[error("--adapter-lanes {0} needs split KV streams: each lane is a context of its own slots, and a unified cache is one pool for every slot (drop --kv-unified or use one lane)")]
+    LanesNeedSplitStreams(u64),
     #[error("--context {context} is longer than the model's training context of {train} tokens")]
     ContextTooLong { context: u64, train: u64 },
 }

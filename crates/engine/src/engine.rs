@@ -19,8 +19,9 @@ use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
 use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
 use crate::grammar::Grammars;
+use crate::lanes::Lanes;
 use crate::llama::{
-    take_buffer_log, Context, ContextConfig, LlamaBuffers, LlamaCompute, LlamaError, Model,
+    take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute, LlamaError, Model,
 };
 use crate::plan::{current_rss, human_bytes, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
@@ -112,13 +113,18 @@ impl EngineThread {
         let thread = std::thread::Builder::new()
             .name("abserve-engine".into())
             .spawn(move || {
-                let ctx = match Context::new(&self.model, &self.plan, &self.context) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
+                let split = Lanes::new(self.plan.seq_slots as usize, self.plan.lanes as usize);
+                let mut lanes = Vec::with_capacity(split.count());
+                for l in 0..split.count() {
+                    match Context::new(&self.model, &lane_plan(&self.plan, split, l), &self.context)
+                    {
+                        Ok(c) => lanes.push(Lane::new(c)),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
                     }
-                };
+                }
                 let mut loras = HashMap::new();
                 let preload = self
                     .adapters
@@ -140,10 +146,15 @@ impl EngineThread {
                 let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
                 let mut compute = LlamaCompute {
                     model: &self.model,
-                    ctx,
+                    lanes,
+                    split,
                     loras,
-                    applied: Default::default(),
                     budget: self.adapters,
+                    index: Vec::new(),
+                    pending: Vec::new(),
+                    threads: self.context.threads,
+                    broken: Vec::new(),
+                    batch_slots: Vec::new(),
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
                 if let Some(o) = self.observer {
@@ -165,6 +176,17 @@ impl EngineThread {
             .map_err(|_| EngineError::Thread("engine thread exited during start-up".into()))??;
         Ok((thread, rss, llama))
     }
+}
+
+/// Lane `l`'s part of the plan: its slots, with one stream of the plan's cells each (one lane:
+/// the plan).
+fn lane_plan(plan: &MemoryPlan, split: Lanes, l: usize) -> MemoryPlan {
+    let mut p = plan.clone();
+    if split.count() > 1 {
+        p.seq_slots = split.len(l) as u64;
+        p.kv_cells = p.seq_slots * plan.kv_cells_per_slot;
+    }
+    p
 }
 
 /// The plan's adapter reservation with the adapters loaded at start admitted into it (`None`
@@ -199,6 +221,9 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         if cfg.device.is_none() && cfg.gpu_layers.is_some_and(|g| g != GpuLayers::Count(0)) {
             return Err(EngineError::NoDevice);
+        }
+        if cfg.adapter_lanes > 1 && (cfg.kv_unified || !cfg.admission_control) {
+            return Err(EngineError::LanesNeedSplitStreams(cfg.adapter_lanes));
         }
         let (header, plan) = cfg.plan()?;
         if plan.context > plan.shape.n_ctx_train {

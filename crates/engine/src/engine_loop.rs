@@ -187,8 +187,12 @@ impl<C: Compute> Compute for PanicAt<C> {
     fn is_eog(&self, token: i32) -> bool {
         self.inner.is_eog(token)
     }
-    fn set_adapters(&mut self, set: &crate::adapters::AdapterSet) -> Result<(), String> {
-        self.inner.set_adapters(set)
+    fn set_adapters(
+        &mut self,
+        lane: usize,
+        set: &crate::adapters::AdapterSet,
+    ) -> Result<(), String> {
+        self.inner.set_adapters(lane, set)
     }
 }
 

@@ -14,6 +14,8 @@
 //! - [`call`]: an eval call (messages and sampling) run to the end on this engine, as eval in
 //!   process and `abserve worker` run them;
 //! - [`models`]: several base models in one process, one budget divided between them;
+//! - `lanes`: adapter lanes, the slots divided between contexts on the one model that each
+//!   apply their own LoRA adapter set and decode side by side;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
 pub mod adapters;
@@ -26,6 +28,7 @@ mod engine;
 mod engine_loop;
 pub mod grammar;
 mod invalid;
+mod lanes;
 mod llama;
 pub mod models;
 pub mod prepare;

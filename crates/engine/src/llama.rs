@@ -24,7 +24,7 @@ use crate::plan::{KvType, MemoryPlan};
 
 mod compute;
 
-pub(crate) use self::compute::LlamaCompute;
+pub(crate) use self::compute::{Lane, LlamaCompute};
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
@@ -313,6 +313,8 @@ pub struct Context<'m> {
     batch_cap: usize,
     /// Why the batch being built cannot run (a token it could not take).
     overflow: Option<String>,
+    /// The threads its decodes use now.
+    threads: i32,
 }
 
 pub struct ContextConfig {
@@ -359,11 +361,22 @@ impl<'m> Context<'m> {
             batch: LlamaBatch::new(batch_cap, 1),
             batch_cap,
             overflow: None,
+            threads: cfg.threads,
         })
     }
 
     pub fn batch_capacity(&self) -> usize {
         self.batch_cap
+    }
+
+    /// The threads the next decodes use (adapter lanes decoding side by side share them).
+    pub(crate) fn set_threads(&mut self, threads: i32) {
+        if threads != self.threads {
+            // SAFETY: `raw` is this context's live pointer (checked at creation); the call only
+            // stores the counts in the context's parameters, between decodes.
+            unsafe { llama_cpp_sys_2::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
+            self.threads = threads;
+        }
     }
 
     pub fn clear_batch(&mut self) {

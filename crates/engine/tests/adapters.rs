@@ -22,15 +22,7 @@ use abserve_engine::{Engine, EngineConfig, Request, SamplingParams};
 use abserve_protocol::Adapter;
 use serde_json::Value;
 
-/// models/test/lora-r8-seed{seed}.gguf, written once by scripts/test-lora.py (the `gguf` package
-/// in .venv, which scripts/test.sh installs).
-fn lora(seed: u64) -> PathBuf {
-    common::asset(
-        &format!("lora-r8-seed{seed}.gguf"),
-        "test-lora.py",
-        &["--seed", &seed.to_string()],
-    )
-}
+use common::lora;
 
 /// An engine with `adapters` loaded at start. One starts at a time: what llama.cpp allocated is
 /// read from its log, which every engine of this process writes to.

@@ -36,7 +36,7 @@ impl Compute for Idle {
     fn is_eog(&self, _: i32) -> bool {
         false
     }
-    fn set_adapters(&mut self, _: &crate::adapters::AdapterSet) -> Result<(), String> {
+    fn set_adapters(&mut self, _: usize, _: &crate::adapters::AdapterSet) -> Result<(), String> {
         Ok(())
     }
 }

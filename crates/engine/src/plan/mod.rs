@@ -6,7 +6,8 @@
 //! what makes "out of memory" impossible by construction rather than by luck.
 //!
 //! `bytes`: budgets and sizes as people write and read them; `system`: this machine's and
-//! this process's memory (`/proc`, cgroups); `split`: the device side of the plan.
+//! this process's memory (`/proc`, cgroups); `split`: the device side of the plan; `compute`:
+//! the compute reservation, per context (adapter lanes have one each).
 
 use std::fmt;
 
@@ -15,10 +16,12 @@ use serde::Serialize;
 use crate::gguf::ModelShape;
 
 mod bytes;
+mod compute;
 mod split;
 mod system;
 
 pub use bytes::{human_bytes, parse_bytes, Budget};
+pub use compute::{compute_estimate, lanes_compute, COMPUTE_RUNTIME_BYTES};
 use split::Split;
 pub use split::{DeviceMemory, DevicePlan, Offload};
 pub use system::{available_memory, current_rss, peak_rss};
@@ -95,9 +98,24 @@ pub struct PlanRequest {
     pub prefix_store: Option<u64>,
     /// Layers offloaded to a device (`None` or 0 layers: everything on the host).
     pub offload: Option<Offload>,
+    /// llama.cpp contexts on the one model that share out the slots, each with its own compute
+    /// buffers (adapter lanes, `crate::lanes`; 1: one context).
+    pub lanes: u64,
 }
 
 impl PlanRequest {
+    /// The compute buffers of `lanes` contexts sharing `slots` slots and `kv_cells` cells.
+    fn compute(&self, slots: u64, kv_cells: u64) -> u64 {
+        lanes_compute(
+            &self.shape,
+            self.n_batch,
+            self.lanes,
+            slots,
+            kv_cells,
+            self.flash_attention,
+        )
+    }
+
     /// Bytes of K and V of one token over every layer.
     fn kv_bytes_per_token(&self) -> u64 {
         let s = &self.shape;
@@ -159,6 +177,9 @@ pub struct MemoryPlan {
     /// outnumber `full_context_sequences`; admission is by KV cells, not by count).
     pub seq_slots: u64,
     pub n_batch: u64,
+    /// llama.cpp contexts the slots are divided between (adapter lanes; 1: one context), each
+    /// with its own compute buffers, counted in `compute_bytes`.
+    pub lanes: u64,
     pub flash_attention: bool,
     /// One KV pool for all sequences (unified) or one stream per slot.
     pub kv_unified: bool,
@@ -189,31 +210,6 @@ fn margin_pct(margin: u64, budget: u64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// Compute buffers as llama.cpp sizes them on CPU: the graph's largest live activations for one
-/// micro-batch, dominated by the logits rows (n_batch × n_vocab f32) and the per-layer
-/// activations; the attention scores (without flash attention a full n_batch × kv_cells × n_head
-/// f32 matrix, with it a small tiled scratch); the output buffer for one logits row per
-/// sequence; and a fixed allowance for the runtime (threads, tokenizer tables, allocator slack).
-pub fn compute_estimate(
-    shape: &ModelShape,
-    n_batch: u64,
-    seq_slots: u64,
-    kv_cells: u64,
-    flash_attention: bool,
-) -> u64 {
-    let logits_graph = n_batch * shape.n_vocab * 4;
-    let ff = 4 * shape.n_embd; // typical FFN width; activations are a handful of these rows
-    let activations = n_batch * (6 * shape.n_embd + 3 * ff) * 4;
-    let attn = if flash_attention {
-        n_batch * shape.n_head * 4 * kv_cells.min(4096) / 8
-    } else {
-        n_batch * shape.n_head * 4 * kv_cells
-    };
-    let outputs = seq_slots.max(1) * shape.n_vocab * 4;
-    let runtime = 48 << 20;
-    logits_graph + activations + attn + outputs + runtime
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,14 +260,13 @@ impl MemoryPlan {
             let slots = (fit.min(cap) / per_slot).min(max_slots);
             (slots * per_slot, slots.max(1), per_slot, slots)
         };
-        let compute_bytes =
-            compute_estimate(s, req.n_batch, seq_slots, kv_cells, req.flash_attention);
+        let compute_bytes = req.compute(seq_slots, kv_cells);
         let kv_bytes = kv_cells * kv_bytes_per_token;
         let device = split.device_plan(kv_cells, compute_bytes);
         // with layers on a device, the compute buffers that grow with the KV sit there; the host
         // keeps the fixed part (inputs, logits, outputs), counted in full to stay on the safe side
         let host_compute = if device.is_some() {
-            compute_estimate(s, req.n_batch, seq_slots, 0, req.flash_attention)
+            req.compute(seq_slots, 0)
         } else {
             compute_bytes
         };
@@ -300,6 +295,7 @@ impl MemoryPlan {
             full_context_sequences,
             seq_slots,
             n_batch: req.n_batch,
+            lanes: req.lanes.clamp(1, seq_slots),
             flash_attention: req.flash_attention,
             kv_unified: req.kv_unified,
             kv_cells_per_slot,
@@ -364,9 +360,10 @@ impl MemoryPlan {
                 self.weights_bytes - d.weights_bytes,
                 self.kv_bytes_per_token
                     - self.kv_bytes_per_token * d.layers_offloaded / self.shape.n_layer.max(1),
-                compute_estimate(
+                lanes_compute(
                     &self.shape,
                     self.n_batch,
+                    self.lanes,
                     self.seq_slots,
                     0,
                     self.flash_attention,
@@ -442,8 +439,16 @@ impl MemoryPlan {
                 )
             } else {
                 format!(
-                    "capacity: {} sequence slots × {} KV cells (one stream each, context {} tokens, prefill chunk {})",
-                    self.seq_slots, self.kv_cells_per_slot, self.context, self.n_batch
+                    "capacity: {} sequence slots × {} KV cells (one stream each, context {} tokens, prefill chunk {}){}",
+                    self.seq_slots,
+                    self.kv_cells_per_slot,
+                    self.context,
+                    self.n_batch,
+                    if self.lanes > 1 {
+                        format!(" in {} adapter lanes, each a context with its own compute buffers", self.lanes)
+                    } else {
+                        String::new()
+                    }
                 )
             },
         ]
@@ -484,6 +489,7 @@ mod tests {
             kv_unified: true,
             prefix_store: None,
             offload: None,
+            lanes: 1,
         }
     }
 

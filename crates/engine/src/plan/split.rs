@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{compute_estimate, Budget, PlanRequest};
+use super::{Budget, PlanRequest};
 
 /// One device's memory, read now (by `crate::device`; the plan needs only these numbers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -112,11 +112,7 @@ impl<'a> Split<'a> {
         slots: u64,
     ) -> u64 {
         let on_device = self.offload.is_some();
-        let host_fixed_compute = if on_device {
-            compute_estimate(&req.shape, req.n_batch, slots, 0, req.flash_attention)
-        } else {
-            0
-        };
+        let host_fixed_compute = if on_device { req.compute(slots, 0) } else { 0 };
         let host = cells_within(
             req,
             usable,
@@ -173,7 +169,7 @@ fn cells_within(
 ) -> u64 {
     let c = |cells| {
         if with_compute {
-            compute_estimate(&req.shape, req.n_batch, slots, cells, req.flash_attention)
+            req.compute(slots, cells)
         } else {
             0
         }
@@ -230,6 +226,7 @@ pub(super) mod tests {
             flash_attention: true,
             kv_unified: false,
             prefix_store: Some(0),
+            lanes: 1,
             offload: Some(Offload {
                 device: DeviceMemory {
                     name: "Fake0".into(),

@@ -349,8 +349,10 @@ impl Scheduler {
                 );
                 return None;
             };
-            if !self.cfg.is_unified() && !self.joins_a_run(in_place) {
-                slot = self.take_slot(be, Some(id));
+            if !self.cfg.is_unified()
+                && (!self.joins_a_run(in_place) || self.better_lane_free(in_place, s.adapters))
+            {
+                slot = self.take_slot(be, Some(id), s.adapters);
             }
             if slot.is_none() {
                 // take_slot may have reordered the cache; `keep` left this entry in it
@@ -371,7 +373,7 @@ impl Scheduler {
                 });
             }
         }
-        let slot = match slot.or_else(|| self.take_slot(be, None)) {
+        let slot = match slot.or_else(|| self.take_slot(be, None, s.adapters)) {
             Some(slot) => slot,
             None => {
                 self.waiting.push(s);
@@ -493,13 +495,15 @@ impl Scheduler {
         self.running.is_empty() || self.next_to_running(slot)
     }
 
-    /// A slot for a new sequence. Split streams: a slot next to a running one if there is one,
-    /// else the lowest, among the free slots and the cached ones (so running sequences stay in
-    /// one run of consecutive ids); a cached prefix there is dropped unless it is `keep` or a
-    /// pending copy's source, and — without a host store, which keeps finished prefixes —
-    /// unless another cached slot or a running sequence holds it too. Unified: the lowest free
-    /// slot. Either way, when no slot is free the least valuable cached prefix gives its slot up.
-    fn take_slot<C: Compute>(&mut self, be: &mut C, keep: Option<u64>) -> Option<i32> {
+    /// A slot for a new sequence of adapter set `set`. Split streams: with adapter lanes, one
+    /// in the best lane for `set` first (`lane_rank`); then a slot next to a running one if
+    /// there is one, else the lowest, among the free slots and the cached ones (so running
+    /// sequences stay in one run of consecutive ids); a cached prefix there is dropped unless
+    /// it is `keep` or a pending copy's source, and — without a host store, which keeps
+    /// finished prefixes — unless another cached slot or a running sequence holds it too.
+    /// Unified: the lowest free slot. Either way, when no slot is free the least valuable
+    /// cached prefix gives its slot up.
+    fn take_slot<C: Compute>(&mut self, be: &mut C, keep: Option<u64>, set: u32) -> Option<i32> {
         if !self.cfg.is_unified() {
             let droppable = (0..self.cache.len()).filter(|&i| {
                 let c = &self.cache[i];
@@ -513,7 +517,9 @@ impl Scheduler {
                 .iter()
                 .map(|s| (s, None))
                 .chain(cached.into_iter().map(|(s, i)| (s, Some(i))));
-            let best = candidates.min_by_key(|&(slot, _)| (!self.next_to_running(slot), slot));
+            let best = candidates.min_by_key(|&(slot, _)| {
+                (self.lane_rank(slot, set), !self.next_to_running(slot), slot)
+            });
             if let Some((slot, entry)) = best {
                 if let Some(i) = entry {
                     let c = self.cache.swap_remove(i);

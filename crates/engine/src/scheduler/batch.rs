@@ -29,24 +29,30 @@ pub(super) struct Planned {
 }
 
 impl Scheduler {
-    /// The batch of adapter set `set`'s running sequences.
-    pub(super) fn build_batch<C: Compute>(&mut self, be: &mut C, set: u32) -> Vec<Planned> {
+    /// The batch of the running sequences of each lane's picked adapter set (`pick[lane]`;
+    /// `None`: the lane decodes nothing), up to the batch capacity of each lane.
+    pub(super) fn build_batch<C: Compute>(
+        &mut self,
+        be: &mut C,
+        pick: &[Option<u32>],
+    ) -> Vec<Planned> {
         be.clear_batch();
-        let mut cap = be.batch_capacity();
+        let mut cap = vec![be.batch_capacity(); pick.len()];
         let mut plan = Vec::new();
         for phase in [Phase::Decoding, Phase::Prefilling] {
             for (idx, a) in self.running.iter().enumerate() {
-                if a.phase() != phase || a.seq.adapters != set || cap == 0 {
+                let lane = self.lanes.lane_of(a.slot);
+                if a.phase() != phase || pick[lane] != Some(a.seq.adapters) || cap[lane] == 0 {
                     continue;
                 }
-                let n = a.pending().min(cap);
+                let n = a.pending().min(cap[lane]);
                 plan.push(Planned {
                     idx,
                     n,
                     first: 0,
                     logits: None,
                 });
-                cap -= n;
+                cap[lane] -= n;
             }
         }
         plan.sort_by_key(|p| self.running[p.idx].slot);

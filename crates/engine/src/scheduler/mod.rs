@@ -22,6 +22,7 @@ mod admission;
 mod batch;
 mod itl;
 mod kv;
+mod lanes;
 mod sample;
 mod seq;
 mod stats;
@@ -35,6 +36,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::adapters::AdapterSet;
+use crate::lanes::Lanes;
 use crate::request::{EventSender, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
@@ -63,8 +65,10 @@ pub trait Compute {
     fn restore_seq(&mut self, snap: &Snapshot, seq: i32) -> bool;
     fn piece(&self, token: i32) -> Vec<u8>;
     fn is_eog(&self, token: i32) -> bool;
-    /// Applies `set`'s LoRA adapters to the decodes that follow (the empty set: the base model).
-    fn set_adapters(&mut self, set: &AdapterSet) -> Result<(), String>;
+    /// Applies `set`'s LoRA adapters to the decodes that follow in adapter lane `lane` (the
+    /// empty set: the base model). With one lane, `lane` is 0; with several, a batch holds
+    /// tokens of several lanes, and `decode` runs each lane's under its own set.
+    fn set_adapters(&mut self, lane: usize, set: &AdapterSet) -> Result<(), String>;
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +100,9 @@ pub struct SchedulerConfig {
     /// applying another set makes llama.cpp rebuild its compute graphs; 0 decodes every set in
     /// every step.
     pub adapter_turn: usize,
+    /// Adapter lanes the slots are divided between (`crate::lanes`; split streams only): each
+    /// lane applies one set at a time, and every lane decodes in every step.
+    pub lanes: usize,
 }
 
 impl SchedulerConfig {
@@ -114,6 +121,7 @@ impl SchedulerConfig {
             seed: 0x5eed,
             fast_forward: true,
             adapter_turn: 8,
+            lanes: 1,
         }
     }
 
@@ -160,8 +168,10 @@ pub struct Scheduler {
     gangs: u64,
     /// Adapter sets seen, by id (`step.rs`); 0 is the base model.
     sets: Vec<AdapterSet>,
-    /// The adapter set whose turn it is and the steps its turn has left (`step.rs`).
-    turn: (u32, usize),
+    /// The adapter set whose turn it is and the steps its turn has left (`step.rs`), per lane.
+    turn: Vec<(u32, usize)>,
+    /// How the slots are divided between adapter lanes (one lane: all of them).
+    lanes: Lanes,
 }
 
 impl Scheduler {
@@ -174,6 +184,11 @@ impl Scheduler {
         } else {
             cfg.prefix_store_bytes
         });
+        let lanes = if cfg.is_unified() {
+            Lanes::new(cfg.seq_slots, 1)
+        } else {
+            Lanes::new(cfg.seq_slots, cfg.lanes)
+        };
         Scheduler {
             store,
             slots: SlotPool::new(cfg.seq_slots),
@@ -192,7 +207,8 @@ impl Scheduler {
             pinned: Vec::new(),
             gangs: 0,
             sets: vec![AdapterSet::default()],
-            turn: (0, 0),
+            turn: vec![(0, 0); lanes.count()],
+            lanes,
         }
     }
 

@@ -67,19 +67,7 @@ impl Scheduler {
         if sets.len() <= 1 || self.cfg.adapter_turn == 0 {
             return (sets, false);
         }
-        let (current, left) = self.turn;
-        let first = if left > 0 && sets.contains(&current) {
-            self.turn.1 -= 1;
-            current
-        } else {
-            let next = sets
-                .iter()
-                .copied()
-                .find(|&s| s > current)
-                .unwrap_or(sets[0]);
-            self.turn = (next, self.cfg.adapter_turn - 1);
-            next
-        };
+        let first = next_in_turn(&mut self.turn[0], &sets, self.cfg.adapter_turn);
         let at = sets.iter().position(|&s| s == first).unwrap_or(0);
         (
             sets[at..].iter().chain(&sets[..at]).copied().collect(),
@@ -98,46 +86,31 @@ impl Scheduler {
             return false;
         }
         self.ensure_room(be);
-        let (mut seqs, mut tokens, mut decodes, mut runs) = (0, 0, 0, 0);
-        let mut decode_only = true;
-        let mut ran = false;
         let log = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG);
-        let (sets, turns) = self.sets_in_turn();
-        for set in sets {
-            if turns && decodes > 0 {
-                break;
+        let mut t = Tally::default();
+        if self.lanes.count() > 1 {
+            match self.decode_lanes(be) {
+                Ok(plan) => self.count_decode(be, &plan, &mut t, log),
+                Err(r) => t.ran |= r,
             }
-            let plan = match self.decode_set(be, set) {
-                Ok(plan) => plan,
-                Err(r) => {
-                    ran |= r;
-                    // its turn passes to the next set with something to decode
-                    if turns {
-                        self.turn = (set, 0);
-                    }
-                    continue;
-                }
-            };
-            if turns && self.turn.0 != set {
-                self.turn = (set, self.cfg.adapter_turn - 1);
-            }
-            decodes += 1;
-            seqs += plan.len();
-            tokens += plan.iter().map(|p| p.n).sum::<usize>();
-            decode_only &= plan.iter().all(|p| p.n == 1);
-            // the step log's figures cost a sort per decode: only when it is on
-            if log {
-                runs += self.slot_runs(&plan);
-            }
-            self.after_decode(be, &plan);
+        } else {
+            self.decode_sets(be, &mut t, log);
         }
+        let Tally {
+            seqs,
+            tokens,
+            decodes,
+            runs,
+            prefill,
+            ran,
+        } = t;
         if decodes == 0 {
             self.publish();
             return ran;
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
-        if decode_only {
+        if !prefill {
             self.steps.observe(seqs, dt);
         }
         self.stats
@@ -162,43 +135,99 @@ impl Scheduler {
         true
     }
 
-    /// Applies adapter set `set` and decodes a batch of its running sequences; a set that
-    /// cannot be applied fails those sequences, named.
+    /// One lane: the running sets' batches in this step's order (with turns, only the first
+    /// that decodes something).
+    fn decode_sets<C: Compute>(&mut self, be: &mut C, t: &mut Tally, log: bool) {
+        let (sets, turns) = self.sets_in_turn();
+        for set in sets {
+            if turns && t.decodes > 0 {
+                break;
+            }
+            let plan = match self.decode_set(be, set) {
+                Ok(plan) => plan,
+                Err(r) => {
+                    t.ran |= r;
+                    // its turn passes to the next set with something to decode
+                    if turns {
+                        self.turn[0] = (set, 0);
+                    }
+                    continue;
+                }
+            };
+            if turns && self.turn[0].0 != set {
+                self.turn[0] = (set, self.cfg.adapter_turn - 1);
+            }
+            self.count_decode(be, &plan, t, log);
+        }
+    }
+
+    /// Counts a decoded batch into the step's tally, then samples and retires (`batch.rs`).
+    fn count_decode<C: Compute>(
+        &mut self,
+        be: &mut C,
+        plan: &[batch::Planned],
+        t: &mut Tally,
+        log: bool,
+    ) {
+        t.decodes += 1;
+        t.seqs += plan.len();
+        t.tokens += plan.iter().map(|p| p.n).sum::<usize>();
+        t.prefill |= plan.iter().any(|p| p.n != 1);
+        // the step log's figures cost a sort per decode: only when it is on
+        if log {
+            t.runs += self.slot_runs(plan);
+        }
+        self.after_decode(be, plan);
+    }
+
+    /// Applies adapter set `set` and decodes a batch of its running sequences (one lane).
     fn decode_set<C: Compute>(
         &mut self,
         be: &mut C,
         set: u32,
     ) -> Result<Vec<batch::Planned>, bool> {
-        if let Err(e) = be.set_adapters(&self.sets[set as usize]) {
-            let label = self.sets[set as usize].label();
-            tracing::error!("applying adapters {label} failed: {e}");
-            let plan: Vec<batch::Planned> = (0..self.running.len())
-                .filter(|&i| self.running[i].seq.adapters == set)
-                .map(|idx| batch::Planned {
-                    idx,
-                    n: 0,
-                    first: 0,
-                    logits: None,
-                })
-                .collect();
-            let err = GenerationError::Decode(format!("applying adapters {label}: {e}"));
-            self.fail_batch(be, &plan, err);
+        if !self.apply_set(be, 0, set) {
             return Err(true);
         }
-        self.decode_batch(be, set)
+        self.decode_batch(be, &[Some(set)])
     }
 
-    /// Builds one batch of set `set`'s sequences and decodes it; without KV room for it, cached
-    /// prefixes go first, then the newest sequence is preempted and the batch built again.
-    /// `Err(ran)`: nothing decoded; `ran`: the step still did something (a batch failed and its
-    /// sequences were told so).
-    fn decode_batch<C: Compute>(
+    /// Applies set `set` to lane `lane`; a set that cannot be applied fails that lane's
+    /// sequences of it, named (false).
+    pub(super) fn apply_set<C: Compute>(&mut self, be: &mut C, lane: usize, set: u32) -> bool {
+        let Err(e) = be.set_adapters(lane, &self.sets[set as usize]) else {
+            return true;
+        };
+        let label = self.sets[set as usize].label();
+        tracing::error!("applying adapters {label} failed: {e}");
+        let plan: Vec<batch::Planned> = (0..self.running.len())
+            .filter(|&i| {
+                let a = &self.running[i];
+                a.seq.adapters == set && self.lanes.lane_of(a.slot) == lane
+            })
+            .map(|idx| batch::Planned {
+                idx,
+                n: 0,
+                first: 0,
+                logits: None,
+            })
+            .collect();
+        let err = GenerationError::Decode(format!("applying adapters {label}: {e}"));
+        self.fail_batch(be, &plan, err);
+        false
+    }
+
+    /// Builds one batch of each lane's picked set's sequences (`pick[lane]`) and decodes it;
+    /// without KV room for it, cached prefixes go first, then the newest sequence is preempted
+    /// and the batch built again. `Err(ran)`: nothing decoded; `ran`: the step still did
+    /// something (a batch failed and its sequences were told so).
+    pub(super) fn decode_batch<C: Compute>(
         &mut self,
         be: &mut C,
-        set: u32,
+        pick: &[Option<u32>],
     ) -> Result<Vec<batch::Planned>, bool> {
         loop {
-            let plan = self.build_batch(be, set);
+            let plan = self.build_batch(be, pick);
             if plan.is_empty() {
                 return Err(false);
             }
@@ -236,4 +265,36 @@ impl Scheduler {
         slots.sort_unstable();
         slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1
     }
+}
+
+/// What a step decoded, for its statistics and its log line.
+#[derive(Default)]
+struct Tally {
+    seqs: usize,
+    tokens: usize,
+    decodes: usize,
+    /// Runs of consecutive slots (counted only when the step log is on).
+    runs: usize,
+    /// A batch held more than one token of a sequence (not a decode-only step).
+    prefill: bool,
+    /// Nothing decoded, but batches failed (their sequences were told).
+    ran: bool,
+}
+
+/// The set that decodes next on a context whose running sequences are of `sets` (sorted,
+/// deduplicated, not empty): the set whose turn it is keeps the context for `adapter_turn`
+/// steps (`turn`: it and the steps left), then the next set by id, wrapping, takes it.
+pub(super) fn next_in_turn(turn: &mut (u32, usize), sets: &[u32], adapter_turn: usize) -> u32 {
+    let (current, left) = *turn;
+    if left > 0 && sets.contains(&current) {
+        turn.1 -= 1;
+        return current;
+    }
+    let next = sets
+        .iter()
+        .copied()
+        .find(|&s| s > current)
+        .unwrap_or(sets[0]);
+    *turn = (next, adapter_turn.max(1) - 1);
+    next
 }

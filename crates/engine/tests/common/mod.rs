@@ -54,6 +54,16 @@ pub fn asset(name: &str, script: &str, args: &[&str]) -> PathBuf {
     out.canonicalize().unwrap()
 }
 
+/// models/test/lora-r8-seed{seed}.gguf: a random rank-8 LoRA adapter of the default model,
+/// written once by scripts/test-lora.py.
+pub fn lora(seed: u64) -> PathBuf {
+    asset(
+        &format!("lora-r8-seed{seed}.gguf"),
+        "test-lora.py",
+        &["--seed", &seed.to_string()],
+    )
+}
+
 /// A second base model: the default model's first 15 of its 30 blocks
 /// (scripts/test-model-layers.py), other weights and KV per token, the same vocabulary.
 pub fn half_model() -> PathBuf {

@@ -78,6 +78,7 @@ impl Fake {
             flash_attention: false,
             kv_unified: false,
             prefix_store: Some(0),
+            lanes: 1,
             offload: device.as_ref().map(|d| Offload {
                 device: d.memory(),
                 budget: Budget::Bytes(DEVICE_BUDGET),

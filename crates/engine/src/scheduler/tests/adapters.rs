@@ -177,3 +177,106 @@ fn the_table_of_sets_stays_bounded() {
     run(&mut s, &mut f);
     assert_eq!(drain(&mut rx).0, alone(&p, set("a.gguf", 3.0)));
 }
+
+/// Four sets with two sequences each on 8 slots in 4 adapter lanes: each set gets a lane of
+/// its own, every lane decodes in every step (all sets progress together, no turns), each
+/// lane's set is applied once, and the tokens are each alone's. On one context the same work
+/// takes turns and applies sets again and again.
+#[test]
+fn lanes_give_each_set_a_context_and_decode_every_set_in_every_step() {
+    let sets = [
+        AdapterSet::default(),
+        set("a.gguf", 1.0),
+        set("b.gguf", 1.0),
+        set("c.gguf", 1.0),
+    ];
+    let prompts = [prompt(1, 20), prompt(2, 20)];
+    let go = |lanes: usize| {
+        let mut cfg = SchedulerConfig::split(8, 128, 128);
+        cfg.lanes = lanes;
+        cfg.adapter_turn = 4;
+        let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+        let mut f = Fake::lanes(8, 128, lanes);
+        let mut rxs = Vec::new();
+        for a in &sets {
+            for p in &prompts {
+                rxs.push(submit_with(&mut s, p, a.clone()));
+            }
+        }
+        let mut lockstep = true;
+        for _ in 0..10 {
+            s.step(&mut f);
+            let mut per_set = [0usize; 4];
+            for a in &s.running {
+                per_set[a.seq.adapters as usize] += a.seq.generated();
+            }
+            lockstep &= per_set.iter().all(|&g| g == per_set[0]);
+        }
+        let lanes_of_sets: Vec<Vec<usize>> = (0..4u32)
+            .map(|set| {
+                let mut l: Vec<usize> = s
+                    .running
+                    .iter()
+                    .filter(|a| a.seq.adapters == set)
+                    .map(|a| s.lanes.lane_of(a.slot))
+                    .collect();
+                l.dedup();
+                l
+            })
+            .collect();
+        run(&mut s, &mut f);
+        let outs: Vec<Vec<i32>> = rxs.iter_mut().map(|rx| drain(rx).0).collect();
+        (lockstep, lanes_of_sets, f.applied.len(), outs)
+    };
+    let (lockstep, lanes_of_sets, applied, outs) = go(4);
+    assert!(lockstep, "every set progresses in every step");
+    let mut seen: Vec<usize> = lanes_of_sets.iter().map(|l| l[0]).collect();
+    assert!(
+        lanes_of_sets.iter().all(|l| l.len() == 1),
+        "{lanes_of_sets:?}"
+    );
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 3], "one lane per set: {lanes_of_sets:?}");
+    // the base model's lane starts with it applied; a, b and c once each
+    assert_eq!(applied, 3);
+    let (one_lockstep, _, one_applied, one_outs) = go(1);
+    assert!(!one_lockstep, "one context takes turns");
+    assert!(one_applied > 3, "{one_applied}");
+    assert_eq!(outs, one_outs, "lanes change when, not what");
+    for (k, a) in sets.iter().enumerate() {
+        for (j, p) in prompts.iter().enumerate() {
+            assert_eq!(outs[2 * k + j], alone(p, a.clone()));
+        }
+    }
+}
+
+/// More sets than lanes: a lane runs two sets in turns, the others one each, and every answer
+/// is still its set's alone; a prompt computed in one lane is copied into another lane for a
+/// request of the same set.
+#[test]
+fn lanes_with_more_sets_than_lanes_take_turns_inside_a_lane() {
+    let sets = [set("a.gguf", 1.0), set("b.gguf", 1.0), set("c.gguf", 1.0)];
+    let p = prompt(7, 40);
+    let mut cfg = SchedulerConfig::split(4, 128, 128);
+    cfg.lanes = 2;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::lanes(4, 128, 2);
+    let mut rxs: Vec<_> = sets
+        .iter()
+        .map(|a| submit_with(&mut s, &p, a.clone()))
+        .collect();
+    // a second request of a's, with a's prompt: it shares it wherever it lands
+    rxs.push(submit_with(&mut s, &p, sets[0].clone()));
+    run(&mut s, &mut f);
+    let got: Vec<(Vec<i32>, Completion)> = rxs
+        .iter_mut()
+        .map(|rx| {
+            let (t, d) = drain(rx);
+            (t, d.expect("finished"))
+        })
+        .collect();
+    for (k, g) in got.iter().enumerate() {
+        assert_eq!(g.0, alone(&p, sets[k % 3].clone()), "request {k}");
+    }
+    assert!(got[3].1.shared_prompt_tokens > 0 || got[0].1.shared_prompt_tokens > 0);
+}

@@ -59,9 +59,12 @@ struct Fake {
     /// The adapter set applied (0: the base model, else a tag of its label): a position
     /// computed under it holds `token ^ tag << 16`, so KV computed under another set changes
     /// every later token, as a LoRA adapter changes the keys and values.
-    adapter: i32,
-    /// Adapter sets applied, in order (each change once).
+    /// One per adapter lane (`lanes`).
+    adapter: Vec<i32>,
+    /// Adapter sets applied, in order (each change once, in any lane).
     applied: Vec<String>,
+    /// Adapter lanes (`None`: one context).
+    lanes: Option<crate::lanes::Lanes>,
 }
 
 impl Fake {
@@ -81,8 +84,9 @@ impl Fake {
             pending: vec![],
             computed: HashMap::new(),
             pieces: None,
-            adapter: 0,
+            adapter: vec![0],
             applied: vec![],
+            lanes: None,
         }
     }
     fn split(slots: usize, per: usize) -> Self {
@@ -127,6 +131,18 @@ impl Fake {
             n += 1;
         }
         n
+    }
+    /// `slots` streams of `per` cells in `lanes` adapter lanes.
+    fn lanes(slots: usize, per: usize, lanes: usize) -> Self {
+        let l = crate::lanes::Lanes::new(slots, lanes);
+        Fake {
+            adapter: vec![0; l.count()],
+            lanes: Some(l),
+            ..Fake::split(slots, per)
+        }
+    }
+    fn lane(&self, seq: i32) -> usize {
+        self.lanes.map_or(0, |l| l.lane_of(seq))
     }
     fn used(&self) -> usize {
         self.cells.iter().filter(|c| c.is_some()).count()
@@ -191,7 +207,7 @@ impl Compute for Fake {
         for (k, &(token, pos, seq, _)) in self.batch.iter().enumerate() {
             self.cells[taken[k]] = Some(FakeCell {
                 pos,
-                token: token ^ (self.adapter << 16),
+                token: token ^ (self.adapter[self.lane(seq)] << 16),
                 seqs: [seq].into(),
             });
         }
@@ -320,7 +336,11 @@ impl Compute for Fake {
     fn is_eog(&self, token: i32) -> bool {
         token == EOG
     }
-    fn set_adapters(&mut self, set: &crate::adapters::AdapterSet) -> Result<(), String> {
+    fn set_adapters(
+        &mut self,
+        lane: usize,
+        set: &crate::adapters::AdapterSet,
+    ) -> Result<(), String> {
         let tag = if set.is_base() {
             0
         } else {
@@ -334,8 +354,8 @@ impl Compute for Fake {
                 false,
             ) % 100)
         };
-        if tag != self.adapter {
-            self.adapter = tag;
+        if tag != self.adapter[lane] {
+            self.adapter[lane] = tag;
             self.applied.push(set.label());
         }
         Ok(())

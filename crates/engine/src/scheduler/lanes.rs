@@ -1,0 +1,80 @@
+//! Steps over adapter lanes (`crate::lanes`): every lane decodes in every step, each under the
+//! adapter set whose turn it is in that lane, all in one batch that the backend splits by lane
+//! and runs side by side. A new sequence goes to a slot of a lane that already runs only its
+//! set, else of an idle lane, else of any lane (which then takes turns between its sets, as one
+//! context does).
+//!
+//! Invariants: a sequence is decoded only in a step in which its lane has its set applied (the
+//! batch holds, per lane, only the picked set's sequences); a lane with running sequences
+//! decodes in every step unless applying its set failed (those sequences then fail, named).
+
+use super::batch::Planned;
+use super::step::next_in_turn;
+use super::{Compute, Scheduler};
+
+impl Scheduler {
+    /// How well a slot suits a new sequence of set `set`: 0 in a lane whose running sequences
+    /// are all of `set`, 1 in an idle lane, 2 in a lane running other sets; always 0 with one
+    /// lane.
+    pub(super) fn lane_rank(&self, slot: i32, set: u32) -> u8 {
+        if self.lanes.count() == 1 {
+            return 0;
+        }
+        let lane = self.lanes.lane_of(slot);
+        let mut sets = self
+            .running
+            .iter()
+            .filter(|a| self.lanes.lane_of(a.slot) == lane)
+            .map(|a| a.seq.adapters);
+        match sets.next() {
+            None => 1,
+            Some(first) if first == set && sets.all(|s| s == set) => 0,
+            Some(_) => 2,
+        }
+    }
+
+    /// Whether a free slot suits set `set` better than `slot` does (`lane_rank`).
+    pub(super) fn better_lane_free(&self, slot: i32, set: u32) -> bool {
+        if self.lanes.count() == 1 {
+            return false;
+        }
+        let here = self.lane_rank(slot, set);
+        self.slots.iter().any(|s| self.lane_rank(s, set) < here)
+    }
+
+    /// The running sets of lane `lane`, each once, by id.
+    fn lane_sets(&self, lane: usize) -> Vec<u32> {
+        let mut sets: Vec<u32> = self
+            .running
+            .iter()
+            .filter(|a| self.lanes.lane_of(a.slot) == lane && a.pending() > 0)
+            .map(|a| a.seq.adapters)
+            .collect();
+        sets.sort_unstable();
+        sets.dedup();
+        sets
+    }
+
+    /// One decode over every lane: each lane's set in turn applied to its context, then one
+    /// batch of those sets' sequences. `Err(ran)` as `decode_batch`.
+    pub(super) fn decode_lanes<C: Compute>(&mut self, be: &mut C) -> Result<Vec<Planned>, bool> {
+        let mut pick = vec![None; self.lanes.count()];
+        let mut ran = false;
+        for (lane, picked) in pick.iter_mut().enumerate() {
+            let sets = self.lane_sets(lane);
+            if sets.is_empty() {
+                continue;
+            }
+            let set = next_in_turn(&mut self.turn[lane], &sets, self.cfg.adapter_turn);
+            if self.apply_set(be, lane, set) {
+                *picked = Some(set);
+            } else {
+                ran = true;
+            }
+        }
+        if pick.iter().all(Option::is_none) {
+            return Err(ran);
+        }
+        self.decode_batch(be, &pick).map_err(|r| r || ran)
+    }
+}
