@@ -154,7 +154,7 @@ impl EngineThread {
                     pending: Vec::new(),
                     threads: self.context.threads,
                     broken: Vec::new(),
-                    batch_slots: Vec::new(),
+                    refused: None,
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
                 if let Some(o) = self.observer {

@@ -59,14 +59,6 @@ fn under(prompt: &[i32], max_tokens: u32, adapters: &AdapterSet) -> Request {
     }
 }
 
-/// Where `got` parts from `alone`, with `alone`'s top-2 gap there.
-fn parts(got: &[i32], alone: &common::Output) -> Option<(usize, f32)> {
-    got.iter()
-        .zip(&alone.tokens)
-        .position(|(x, y)| x != y)
-        .map(|k| (k, alone.gaps[k]))
-}
-
 #[test]
 fn four_sets_in_four_lanes_equal_each_alone_and_the_plan_counts_every_lane() {
     let _serial = one_at_a_time();
@@ -124,7 +116,7 @@ fn four_sets_in_four_lanes_equal_each_alone_and_the_plan_counts_every_lane() {
     let together = common::tokens_of_all(rxs);
     let mut identical = 0;
     for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
-        match parts(t, a) {
+        match common::parts(t, a) {
             None => identical += 1,
             Some((k, gap)) => {
                 eprintln!("sequence {i}: parts from its solo run at token {k}, top-2 gap {gap:.3}");
@@ -176,7 +168,7 @@ fn a_prompt_is_copied_across_lanes_through_host_memory() {
     } else {
         &first
     };
-    if let Some((k, gap)) = parts(&later.tokens[..8.min(later.tokens.len())], &alone) {
+    if let Some((k, gap)) = common::parts(&later.tokens[..8.min(later.tokens.len())], &alone) {
         assert!(
             gap < 0.25,
             "the copied prompt parts from computing it at token {k} (gap {gap})"

@@ -38,8 +38,8 @@ pub(crate) struct LlamaCompute<'m> {
     /// Slots whose prefix copy across lanes failed: they hold nothing of what the scheduler
     /// counts, so a batch with them is refused until they are removed.
     pub broken: Vec<i32>,
-    /// The slots of the batch being built.
-    pub batch_slots: Vec<i32>,
+    /// A broken slot in the batch being built (the batch is refused at `decode`).
+    pub refused: Option<i32>,
 }
 
 /// One llama.cpp context and the adapter set applied to it.
@@ -123,8 +123,8 @@ impl<'m> LlamaCompute<'m> {
         (&mut self.lanes[lane].ctx, local)
     }
 
-    /// Decodes every lane that has tokens, side by side (one scoped thread per lane beyond
-    /// the first). With several lanes decoding, a lane without a KV slot fails the call (its
+    /// Decodes every lane that has tokens: one on this thread, several side by side (one
+    /// scoped thread each). With several lanes decoding, a lane without a KV slot fails the call (its
     /// neighbours' decodes cannot be taken back); split streams, which lanes require, never
     /// lack one.
     fn decode_lanes(&mut self) -> Result<bool, String> {
@@ -149,6 +149,8 @@ impl<'m> LlamaCompute<'m> {
                 .into_iter()
                 .map(|(i, d)| {
                     scope.spawn(move || {
+                        // the whole `Decoding` moves in (a closure would capture only its
+                        // field, which is not `Send`)
                         let d = d;
                         (i, d.0.decode())
                     })
@@ -188,7 +190,7 @@ impl Compute for LlamaCompute<'_> {
             lane.tokens = 0;
         }
         self.index.clear();
-        self.batch_slots.clear();
+        self.refused = None;
     }
     fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
         let (l, local) = (self.split.lane_of(seq), self.split.local(seq));
@@ -196,19 +198,16 @@ impl Compute for LlamaCompute<'_> {
         lane.ctx.add(token, pos, local, logits);
         self.index.push((l, lane.tokens));
         lane.tokens += 1;
-        if !self.broken.is_empty() {
-            self.batch_slots.push(seq);
+        if self.broken.contains(&seq) {
+            self.refused.get_or_insert(seq);
         }
     }
     fn decode(&mut self) -> Result<bool, String> {
         self.pending.clear();
-        if let Some(s) = self.broken.iter().find(|s| self.batch_slots.contains(s)) {
+        if let Some(s) = self.refused {
             return Err(format!(
                 "sequence {s}'s prompt prefix could not be copied from another adapter lane"
             ));
-        }
-        if self.lanes.len() == 1 {
-            return self.lanes[0].ctx.decode();
         }
         self.decode_lanes()
     }
@@ -223,10 +222,12 @@ impl Compute for LlamaCompute<'_> {
     }
     fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
         let (ls, ld) = (self.split.lane_of(src), self.split.lane_of(dst));
-        let (s, d) = (self.split.local(src), self.split.local(dst));
+        let d = self.split.local(dst);
         if ls == ld {
             self.pending.push((src, dst));
-            return self.lanes[ls].ctx.share_prefix(s, d, len);
+            return self.lanes[ls]
+                .ctx
+                .share_prefix(self.split.local(src), d, len);
         }
         // another lane's context: through host memory (llama.cpp's sequence state), from where
         // the positions are now (a copy not landed yet still holds them at its source, which

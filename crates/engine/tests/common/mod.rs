@@ -108,6 +108,15 @@ pub fn collect(rx: UnboundedReceiver<Event>) -> Result<Output, String> {
     })
 }
 
+/// Where `got` parts from `alone`'s tokens, with `alone`'s top-2 gap there (`None`: equal
+/// throughout the shorter of the two).
+pub fn parts(got: &[i32], alone: &Output) -> Option<(usize, f32)> {
+    got.iter()
+        .zip(&alone.tokens)
+        .position(|(x, y)| x != y)
+        .map(|k| (k, alone.gaps[k]))
+}
+
 pub fn greedy(engine: &Engine, prompt: &[i32], max_tokens: u32) -> UnboundedReceiver<Event> {
     engine
         .submit(Request::new(

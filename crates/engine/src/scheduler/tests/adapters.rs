@@ -26,6 +26,16 @@ fn split_sched(slots: usize) -> (Scheduler, Fake) {
     (s, Fake::split(slots, 128))
 }
 
+/// Each request's tokens and completion (every one finished).
+fn finished(rxs: &mut [UnboundedReceiver<Event>]) -> Vec<(Vec<i32>, Completion)> {
+    rxs.iter_mut()
+        .map(|rx| {
+            let (t, d) = drain(rx);
+            (t, d.expect("finished"))
+        })
+        .collect()
+}
+
 /// Tokens and shared prompt tokens of each request run alone, in a fresh scheduler.
 fn alone(p: &[i32], adapters: AdapterSet) -> Vec<i32> {
     let (mut s, mut f) = split_sched(1);
@@ -50,13 +60,7 @@ fn sets_run_side_by_side_as_each_alone_and_never_share_kv() {
         .map(|a| submit_with(&mut s, &p, a.clone()))
         .collect();
     run(&mut s, &mut f);
-    let got: Vec<(Vec<i32>, Completion)> = rxs
-        .iter_mut()
-        .map(|rx| {
-            let (t, d) = drain(rx);
-            (t, d.expect("finished"))
-        })
-        .collect();
+    let got = finished(&mut rxs);
     for (k, a) in sets.iter().enumerate() {
         assert_eq!(
             got[k].0,
@@ -268,13 +272,7 @@ fn lanes_with_more_sets_than_lanes_take_turns_inside_a_lane() {
     // a second request of a's, with a's prompt: it shares it wherever it lands
     rxs.push(submit_with(&mut s, &p, sets[0].clone()));
     run(&mut s, &mut f);
-    let got: Vec<(Vec<i32>, Completion)> = rxs
-        .iter_mut()
-        .map(|rx| {
-            let (t, d) = drain(rx);
-            (t, d.expect("finished"))
-        })
-        .collect();
+    let got = finished(&mut rxs);
     for (k, g) in got.iter().enumerate() {
         assert_eq!(g.0, alone(&p, sets[k % 3].clone()), "request {k}");
     }
