@@ -42,6 +42,7 @@ TOPICS = ["shipping", "returns", "refunds", "e-books", "gift cards", "loyalty po
 
 def assets():
     loras, merged = [], []
+    OUT.mkdir(parents=True, exist_ok=True)
     for seed in range(1, 5):
         lora = OUT / f"lora-r8-seed{seed}.gguf"
         if not lora.exists():

@@ -57,6 +57,20 @@ def lora_server():
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def lanes_server():
+    """The same adapters on three adapter lanes (one llama.cpp context per lane on the one
+    model): five adapter sets on three lanes, so lanes both run sets side by side and take turns."""
+    a, b = lora(1), lora(2)
+    s = Server("--lora", a, "--lora", b, "--max-sequences", "8", "--adapter-lanes", "3")
+    yield s, a, b
+    s.stop()
+
+
+# the tests that hold on one context whose set changes in turns and on adapter lanes alike
+BOTH = pytest.mark.parametrize("setup", ["lora_server", "lanes_server"])
+
+
 def ask(server, adapters=None, prompt="Tell me about the sea.", max_tokens=16):
     c = openai.OpenAI(base_url=server.url, api_key="unused")
     extra = {"adapters": adapters} if adapters is not None else {}
@@ -76,8 +90,9 @@ def tokens_and_gaps(server, adapters, prompt, max_tokens=16):
     return [t.token for t in content], [t.top_logprobs[0].logprob - t.top_logprobs[1].logprob for t in content]
 
 
-def test_requests_name_their_adapter_and_run_side_by_side(lora_server):
-    s, a, b = lora_server
+@BOTH
+def test_requests_name_their_adapter_and_run_side_by_side(setup, request):
+    s, a, b = request.getfixturevalue(setup)
     base = ask(s)
     assert ask(s, [{"path": a, "scale": 0}]) == base
     under_a, under_b = ask(s, [{"path": a}]), ask(s, [{"path": b, "scale": 1.0}])
@@ -106,8 +121,9 @@ def test_requests_name_their_adapter_and_run_side_by_side(lora_server):
     assert identical * 2 >= len(alone), identical
 
 
-def test_a_prompt_never_reuses_kv_computed_under_another_adapter(lora_server):
-    s, a, b = lora_server
+@BOTH
+def test_a_prompt_never_reuses_kv_computed_under_another_adapter(setup, request):
+    s, a, b = request.getfixturevalue(setup)
     # a plain completion (no chat template, whose opening every chat shares) of a prompt no
     # other test sends: the only KV there is for it is what the first request computes
     c = openai.OpenAI(base_url=s.url, api_key="unused")

@@ -23,7 +23,7 @@ use crate::lanes::Lanes;
 use crate::llama::{
     take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute, LlamaError, Model,
 };
-use crate::plan::{current_rss, human_bytes, MemoryPlan};
+use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
@@ -238,6 +238,7 @@ impl Engine {
         }
         // adapters are checked against the model and the plan before anything is loaded
         let adapters = adapter_budget(&cfg, &plan, &header)?;
+        return_large_frees();
         let rss_before_load = current_rss();
         // what llama.cpp logged before (another engine's adapters loaded on demand) is not ours
         let _ = take_buffer_log();

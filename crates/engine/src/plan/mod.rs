@@ -24,7 +24,7 @@ pub use bytes::{human_bytes, parse_bytes, Budget};
 pub use compute::{compute_estimate, lanes_compute, COMPUTE_RUNTIME_BYTES};
 use split::Split;
 pub use split::{DeviceMemory, DevicePlan, Offload};
-pub use system::{available_memory, current_rss, peak_rss};
+pub use system::{available_memory, current_rss, peak_rss, return_large_frees};
 
 /// Granularity llama.cpp pads the context (KV cells) to.
 pub const KV_PAD: u64 = 256;
