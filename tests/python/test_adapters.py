@@ -49,22 +49,24 @@ def metric(server, name):
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
 
 
-@pytest.fixture(scope="module")
-def lora_server():
+def two_adapter_server(*extra):
+    """A server with adapters 1 and 2 loaded at start and 8 slots, and the two adapters' paths."""
     a, b = lora(1), lora(2)
-    s = Server("--lora", a, "--lora", b, "--max-sequences", "8")
+    s = Server("--lora", a, "--lora", b, "--max-sequences", "8", *extra)
     yield s, a, b
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def lora_server():
+    yield from two_adapter_server()
 
 
 @pytest.fixture(scope="module")
 def lanes_server():
     """The same adapters on three adapter lanes (one llama.cpp context per lane on the one
     model): five adapter sets on three lanes, so lanes both run sets side by side and take turns."""
-    a, b = lora(1), lora(2)
-    s = Server("--lora", a, "--lora", b, "--max-sequences", "8", "--adapter-lanes", "3")
-    yield s, a, b
-    s.stop()
+    yield from two_adapter_server("--adapter-lanes", "3")
 
 
 # the tests that hold on one context whose set changes in turns and on adapter lanes alike

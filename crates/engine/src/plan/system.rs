@@ -38,14 +38,14 @@ pub fn return_large_frees() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static ONCE: std::sync::Once = std::sync::Once::new();
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-            // SAFETY: mallopt only changes glibc's allocator parameters; it is thread-safe
-            // (it takes the arena locks) and any value is valid for M_MMAP_THRESHOLD up to
-            // HEAP_MAX/2.
-            ONCE.call_once(|| unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-            });
-        }
+        ONCE.call_once(|| {
+            if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+                // SAFETY: mallopt only changes glibc's allocator parameters; it is thread-safe
+                // (it takes the arena locks) and any value is valid for M_MMAP_THRESHOLD up to
+                // HEAP_MAX/2.
+                unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
+            }
+        });
     }
 }
 
