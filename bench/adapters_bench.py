@@ -3,10 +3,12 @@
 against (a) the naive setup, 4 llama.cpp servers, one per merged fine-tune, and (b) one
 llama.cpp server with the 4 adapters and per-request LoRA (xllamacpp, its `lora` field).
 
-The adapters are random rank-8 GGUF LoRA files (scripts/test-lora.py, seeds 1-4); the merged
-fine-tunes are the model with each adapter merged at scale 1 and quantized back to Q4_1
-(scripts/merge-lora.py). Traffic: 32 chat requests of 64 tokens (end of generation ignored,
-temperature 0), a quarter per variant, interleaved, from 8 and then 16 closed-loop clients.
+The adapters are random rank-8 GGUF LoRA files (scripts/test-lora.py, seeds 1-4) stored as F16,
+the type llama.cpp's convert_lora_to_gguf.py writes by default (`--adapter-type f32` for the
+tests' F32 files); the merged fine-tunes are the model with each adapter merged at scale 1 and
+quantized back to Q4_1 (scripts/merge-lora.py). Traffic: 32 chat requests of 64 tokens (end
+of generation ignored, temperature 0), a quarter per variant, interleaved, from 8 and then 16
+closed-loop clients.
 Measured per run: generated tokens/s of wall time and the peak summed PSS of the servers'
 processes (resident memory, shared pages divided among their sharers). abserve and (b) run
 2 threads (the machine's cores), the naive setup's 4 servers 1 each (2 each, 8 spinning threads
@@ -16,10 +18,16 @@ on the shared weights, 64-token micro-batches), and `abserve`, one context whose
 changes in turns (--adapter-turn as given in --abserve-args).
 
     .venv/bin/pip install xllamacpp==2026.10.11549 gguf==0.19.0
-    .venv/bin/python bench/adapters_bench.py [--runs 3] [--only lanes,abserve,base,per-request,naive]
+    .venv/bin/python bench/adapters_bench.py [--runs 3] [--adapter-type f16]
+        [--only lanes,abserve,base,per-request,naive,lanes-base,one-adapter]
 
 `base` is abserve with no adapter (default settings) under the same traffic: the memory goal's
 "one model" measured under load, not idle. The ratio columns divide `--ours` (default lanes).
+Two setups attribute the lanes' distance from `base`: `lanes-base`, the same four lanes with no
+adapter (what dividing the slots between four contexts costs), and `one-adapter`, one context
+with every request under the same adapter (what the adapter's own matmuls cost, no set change).
+With no adapter, sequences fill a lane before the next: at 16 clients all four lanes decode, as
+with four adapters; at 8, two lanes of four sequences instead of four of two.
 """
 import argparse
 import json
@@ -40,15 +48,16 @@ OUT = ROOT / "models" / "test"
 TOPICS = ["shipping", "returns", "refunds", "e-books", "gift cards", "loyalty points", "damaged books", "pre-orders"]
 
 
-def assets():
+def assets(kind):
     loras, merged = [], []
     OUT.mkdir(parents=True, exist_ok=True)
+    tag = "" if kind == "f32" else f"-{kind}"
     for seed in range(1, 5):
-        lora = OUT / f"lora-r8-seed{seed}.gguf"
+        lora = OUT / f"lora-r8{tag}-seed{seed}.gguf"
         if not lora.exists():
-            subprocess.run([sys.executable, str(ROOT / "scripts/test-lora.py"), str(MODEL), str(lora), "--seed", str(seed)],
-                           check=True)
-        m = OUT / f"merged-r8-seed{seed}.gguf"
+            subprocess.run([sys.executable, str(ROOT / "scripts/test-lora.py"), str(MODEL), str(lora), "--seed", str(seed),
+                            "--type", kind], check=True)
+        m = OUT / f"merged-r8{tag}-seed{seed}.gguf"
         if not m.exists():
             subprocess.run([sys.executable, str(ROOT / "scripts/merge-lora.py"), str(MODEL), str(lora), str(m)], check=True)
         loras.append(lora.resolve())
@@ -112,10 +121,13 @@ def start_peer(model, parallel, threads, loras=()):
 
 def run(setup, loras, merged, clients):
     """(tokens/s, peak PSS bytes) of one setup under the workload."""
-    if setup == "base":
+    if setup in ("base", "lanes-base"):
         # one model, no adapter, under the same traffic: the fair "one model" for memory
-        procs = [start_abserve([])]
+        procs = [start_abserve([], LANES if setup == "lanes-base" else ())]
         route = lambda v, b: (procs[0][1], b)  # noqa: E731
+    elif setup == "one-adapter":
+        procs = [start_abserve(loras[:1])]
+        route = lambda v, b: (procs[0][1], dict(b, adapters=[{"path": str(loras[0])}]))  # noqa: E731
     elif setup in ("abserve", "lanes"):
         procs = [start_abserve(loras, LANES if setup == "lanes" else ())]
         route = lambda v, b: (procs[0][1], dict(b, adapters=[{"path": str(loras[v])}]))  # noqa: E731
@@ -144,16 +156,30 @@ def run(setup, loras, merged, clients):
     return sum(r[2] for r in rs) / wall, peak
 
 
+def attribution(res):
+    """Medians of same-run tok/s ratios: where the lanes' distance from one model goes."""
+    steps = [("lanes-base", "base", "four lanes, no adapter ÷ one context, no adapter (the split)"),
+             ("lanes", "lanes-base", "four lanes with adapters ÷ four lanes without (the adapters)"),
+             ("one-adapter", "base", "one context under one adapter ÷ no adapter (the adapter's matmuls)"),
+             ("naive", "base", "(a) four merged servers ÷ one context, no adapter")]
+    for num, den, what in steps:
+        for c in (8, 16):
+            if (num, c) in res and (den, c) in res:
+                r = [n[0] / d[0] for n, d in zip(res[(num, c)], res[(den, c)])]
+                print(f"{c} clients: {what}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--abserve-args", default="")
-    ap.add_argument("--only", default="lanes,abserve,base,per-request,naive")
+    ap.add_argument("--only", default="lanes,abserve,base,per-request,naive,lanes-base,one-adapter")
+    ap.add_argument("--adapter-type", choices=["f16", "f32"], default="f16")
     ap.add_argument("--ours", default="lanes", help="the setup the ratio columns divide")
     a = ap.parse_args()
     EXTRA.extend(a.abserve_args.split())
     import xllamacpp
-    loras, merged = assets()
+    loras, merged = assets(a.adapter_type)
     setups = a.only.split(",")
     res = {(s, c): [] for s in setups for c in (8, 16)}
     for r in range(a.runs):
@@ -178,7 +204,9 @@ def main():
              "abserve": "abserve: one model, 4 adapters, sets in turns on one context",
              "per-request": "(b) llama.cpp server, 4 adapters, per-request `lora`",
              "naive": "(a) 4 llama.cpp servers, one per merged fine-tune",
-             "base": "one model under the same load (abserve, no adapter)"}
+             "base": "one model under the same load (abserve, no adapter)",
+             "lanes-base": "attribution: abserve, 4 adapter lanes, no adapter",
+             "one-adapter": "attribution: abserve, one context, every request under adapter 1"}
     for c in (8, 16):
         ours = res[(a.ours, c)]
         for s in setups:
@@ -194,6 +222,7 @@ def main():
                 r = [o[1] / b[1] for o, b in zip(res[(s, c)], res[("base", c)])]
                 print(f"{c} clients: {s} with 4 adapters / one model under the same load, peak PSS: "
                       f"{statistics.median(r):.3f}x ({min(r):.3f}-{max(r):.3f})")
+    attribution(res)
     print("\n" + json.dumps({f"{s}/{c}": v for (s, c), v in res.items()}))
 
 

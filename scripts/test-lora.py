@@ -6,10 +6,12 @@ and benchmarks of adapter variants. Test assets like this are never committed; O
 ignored folder. Needs the `gguf` package (scripts/test.sh installs it into .venv).
 
     python3 scripts/test-lora.py MODEL OUT [--rank 8] [--alpha 16] [--seed 1] [--std 0.12]
-        [--targets attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down]
+        [--targets attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down] [--type f32|f16]
 
-A is drawn from N(0, 1/in), B from N(0, std²), both as F32: at scale 1 the adapter moves each
-targeted weight by (alpha/rank)·B·A, enough to change the default model's greedy tokens.
+A is drawn from N(0, 1/in), B from N(0, std²): at scale 1 the adapter moves each targeted weight
+by (alpha/rank)·B·A, enough to change the default model's greedy tokens. Stored as F32 by
+default (the tests' recorded references name these files' sha256); `--type f16` stores the same
+draws as F16, the type convert_lora_to_gguf.py writes by default (its `--outtype f16`).
 """
 import argparse
 
@@ -26,6 +28,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--std", type=float, default=0.12)
     p.add_argument("--targets", default="attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down")
+    p.add_argument("--type", choices=["f32", "f16"], default="f32")
     a = p.parse_args()
     targets = set(a.targets.split(","))
     reader = gguf.GGUFReader(a.model)
@@ -44,8 +47,9 @@ def main() -> None:
         n_in, n_out = int(t.shape[0]), int(t.shape[1])  # ggml order: ne[0] = in, ne[1] = out
         lora_a = rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(a.rank, n_in)).astype(np.float32)
         lora_b = rng.normal(0.0, a.std, size=(n_out, a.rank)).astype(np.float32)
-        writer.add_tensor(t.name + ".lora_a", lora_a)
-        writer.add_tensor(t.name + ".lora_b", lora_b)
+        dtype = np.float16 if a.type == "f16" else np.float32
+        writer.add_tensor(t.name + ".lora_a", lora_a.astype(dtype))
+        writer.add_tensor(t.name + ".lora_b", lora_b.astype(dtype))
         n += 1
     if n == 0:
         raise SystemExit(f"{a.model}: no tensor matches {sorted(targets)}")

@@ -282,6 +282,7 @@ impl Compute for LlamaCompute<'_> {
         }
         self.apply(lane, set)?;
         self.lanes[lane].applied = set.clone();
+        tracing::debug!("lane {lane}: adapters {} applied", set.label());
         Ok(())
     }
 }

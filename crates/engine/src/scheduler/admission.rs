@@ -11,7 +11,8 @@
 //! deferred until that sequence has computed it (it then copies it instead of computing it
 //! again) — and keeps its claim on a slot meanwhile, so the variants whose prefixes are ready
 //! first do not take every slot; a request over its group's KV share waits for the group to
-//! shrink.
+//! shrink; with adapter lanes, a request whose set runs in a lane waits for a slot of such a
+//! lane rather than add its set to another lane's turns (`lanes.rs`), claiming no slot.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -167,11 +168,12 @@ impl Scheduler {
 
     pub(super) fn admit<C: Compute>(&mut self, be: &mut C) {
         let mut deferred = HashSet::new();
+        let mut lane_waits = 0; // of `deferred`: those waiting for their set's lane (no claim)
         let mut itl_held = 0;
         while !self.waiting.is_empty() {
             // a deferred request keeps its claim on a slot: later requests of a variant whose
             // prefix happens to be ready first must not take every slot (fairness)
-            if self.slots.len() + self.cache.len() <= deferred.len() {
+            if self.slots.len() + self.cache.len() <= deferred.len() - lane_waits {
                 break;
             }
             // None: every waiting request is deferred or belongs to a group at its KV quota
@@ -192,6 +194,10 @@ impl Scheduler {
                 break;
             }
             let cand = &self.waiting[i];
+            if self.waits_for_lane(cand) {
+                lane_waits += usize::from(deferred.insert(cand.id));
+                continue;
+            }
             let source = if cand.uses_prompt_cache() || cand.preemptions > 0 {
                 // a preempted sequence may take back what it computed before from anywhere
                 self.find_source(&cand.tokens, cand.adapters, cand.own_tail(), true)

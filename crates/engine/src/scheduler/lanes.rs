@@ -1,35 +1,47 @@
 //! Steps over adapter lanes (`crate::lanes`): every lane decodes in every step, each under the
 //! adapter set whose turn it is in that lane, all in one batch that the backend splits by lane
 //! and runs side by side. A new sequence goes to a slot of a lane that already runs only its
-//! set, else of an idle lane, else of any lane (which then takes turns between its sets, as one
-//! context does).
+//! set, else of an idle lane, else of a lane that runs its set among others, else of any lane
+//! (which then takes turns between its sets, as one context does) — but only when no lane runs
+//! its set: while one does, it waits for a slot there (`waits_for_lane`), and requests of other
+//! sets may take the free slots meanwhile. Turns on a lane halve its sequences' pace; waiting
+//! for a slot of one's own lane costs at most one sequence's remaining generation.
 //!
 //! Invariants: a sequence is decoded only in a step in which its lane has its set applied (the
 //! batch holds, per lane, only the picked set's sequences); a lane with running sequences
 //! decodes in every step unless applying its set failed (those sequences then fail, named).
 
 use super::batch::Planned;
+use super::seq::Seq;
 use super::step::next_in_turn;
 use super::{Compute, Scheduler};
 
 impl Scheduler {
     /// How well a slot suits a new sequence of set `set`: 0 in a lane whose running sequences
-    /// are all of `set`, 1 in an idle lane, 2 in a lane running other sets; always 0 with one
-    /// lane.
+    /// are all of `set`, 1 in an idle lane, 2 in a lane that runs `set` among others, 3 in a
+    /// lane that does not run `set` (joining adds a set to its turns); always 0 with one lane.
     pub(super) fn lane_rank(&self, slot: i32, set: u32) -> u8 {
         if self.lanes.count() == 1 {
             return 0;
         }
         let lane = self.lanes.lane_of(slot);
-        let mut sets = self
+        let (mut own, mut other) = (false, false);
+        for a in self
             .running
             .iter()
             .filter(|a| self.lanes.lane_of(a.slot) == lane)
-            .map(|a| a.seq.adapters);
-        match sets.next() {
-            None => 1,
-            Some(first) if first == set && sets.all(|s| s == set) => 0,
-            Some(_) => 2,
+        {
+            if a.seq.adapters == set {
+                own = true;
+            } else {
+                other = true;
+            }
+        }
+        match (own, other) {
+            (true, false) => 0,
+            (false, false) => 1,
+            (true, true) => 2,
+            (false, true) => 3,
         }
     }
 
@@ -40,6 +52,23 @@ impl Scheduler {
         }
         let here = self.lane_rank(slot, set);
         self.slots.iter().any(|s| self.lane_rank(s, set) < here)
+    }
+
+    /// Whether waiting request `s` should wait for a slot in its set's own lane: every free or
+    /// cached slot is in a lane that does not run its set (joining would add a set to that
+    /// lane's turns), while some running sequence of the set holds a lane that will free a
+    /// slot. With no sequence of its set running it never waits (it takes the best slot there
+    /// is, so a set without a lane of its own still runs); nor does a readiness probe.
+    pub(super) fn waits_for_lane(&self, s: &Seq) -> bool {
+        let set = s.adapters;
+        if self.lanes.count() == 1
+            || s.priority
+            || !self.running.iter().any(|a| a.seq.adapters == set)
+        {
+            return false;
+        }
+        let mut open = self.slots.iter().chain(self.cache.iter().map(|c| c.slot));
+        open.all(|s| self.lane_rank(s, set) == 3)
     }
 
     /// The running sets of lane `lane`, each once, by id.

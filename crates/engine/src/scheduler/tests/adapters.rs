@@ -278,3 +278,68 @@ fn lanes_with_more_sets_than_lanes_take_turns_inside_a_lane() {
     }
     assert!(got[3].1.shared_prompt_tokens > 0 || got[0].1.shared_prompt_tokens > 0);
 }
+
+/// Each lane's running sets, by lane.
+fn sets_by_lane(s: &Scheduler) -> Vec<Vec<u32>> {
+    (0..s.lanes.count())
+        .map(|lane| {
+            let mut sets: Vec<u32> = s
+                .running
+                .iter()
+                .filter(|a| s.lanes.lane_of(a.slot) == lane)
+                .map(|a| a.seq.adapters)
+                .collect();
+            sets.sort_unstable();
+            sets.dedup();
+            sets
+        })
+        .collect()
+}
+
+/// A set whose lane is full waits for a slot there rather than join another set's lane (whose
+/// sequences would then decode in turns), and a request of that other set, queued later, takes
+/// the free slot meanwhile: no lane ever runs two sets, and every answer is its set's alone.
+#[test]
+fn a_set_waits_for_its_own_lane_rather_than_share_another() {
+    let (a, b) = (set("a.gguf", 1.0), set("b.gguf", 1.0));
+    let mut cfg = SchedulerConfig::split(4, 128, 128);
+    cfg.lanes = 2;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::lanes(4, 128, 2);
+    let first = [
+        (prompt(1, 20), &a),
+        (prompt(2, 20), &a),
+        (prompt(3, 20), &b),
+    ];
+    let mut rxs: Vec<_> = first
+        .iter()
+        .map(|(p, set)| submit_with(&mut s, p, (*set).clone()))
+        .collect();
+    s.step(&mut f);
+    assert_eq!(s.running.len(), 3);
+    // a's lane is full; the free slot is in b's lane
+    rxs.push(submit_with(&mut s, &prompt(4, 20), a.clone()));
+    s.step(&mut f);
+    assert_eq!(
+        s.running.len(),
+        3,
+        "the third a waits: {:?}",
+        sets_by_lane(&s)
+    );
+    rxs.push(submit_with(&mut s, &prompt(5, 20), b.clone()));
+    s.step(&mut f);
+    assert_eq!(s.running.len(), 4, "b's second takes the slot in b's lane");
+    let mut guard = 0;
+    while !s.is_idle() {
+        s.step(&mut f);
+        let lanes = sets_by_lane(&s);
+        assert!(lanes.iter().all(|l| l.len() <= 1), "{lanes:?}");
+        guard += 1;
+        assert!(guard < 1000, "no progress");
+    }
+    let got = finished(&mut rxs);
+    let sets = [&a, &a, &b, &a, &b];
+    for (k, (p, set)) in [1, 2, 3, 4, 5].iter().zip(sets).enumerate() {
+        assert_eq!(got[k].0, alone(&prompt(*p, 20), set.clone()), "request {k}");
+    }
+}
