@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -119,6 +120,13 @@ def start_peer(model, parallel, threads, loras=()):
     raise RuntimeError("xllamacpp did not start")
 
 
+def set_changes(base):
+    """abserve's count of contexts given another adapter set (/metrics), warm-up included."""
+    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+    return sum(int(float(l.split()[-1])) for l in text.splitlines()
+               if l.startswith("abserve_model_adapter_set_changes_total{"))
+
+
 def run(setup, loras, merged, clients):
     """(tokens/s, peak PSS bytes) of one setup under the workload."""
     if setup in ("base", "lanes-base"):
@@ -149,6 +157,8 @@ def run(setup, loras, merged, clients):
             rs = list(ex.map(lambda vb: chat(*route(*vb)), items))
         wall = time.perf_counter() - t0
         peak = mem.done()
+        if setup in ("abserve", "lanes"):
+            print(f"  {setup} {clients} clients: {set_changes(procs[0][1])} adapter set changes", file=sys.stderr)
     finally:
         for p, _ in procs:
             stop(p)

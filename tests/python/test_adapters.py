@@ -158,7 +158,12 @@ def test_metrics_count_requests_and_tokens_per_adapter_set(lora_server):
             "lora-r8-seed1.gguf×1+lora-r8-seed2.gguf×0.5": [{"path": b, "scale": 0.5}, {"path": a}]}
     names = ["abserve_adapter_requests_total", "abserve_adapter_prompt_tokens_total",
              "abserve_adapter_generated_tokens_total"]
+    # the context starts this test under the first set: one change to base, one to the pair
+    c.completions.create(model=MODEL_ID, prompt="Name a colour:", max_tokens=1, temperature=0,
+                         extra_body={"adapters": sets["lora-r8-seed1.gguf×1"]})
+    changes = lambda: metric(s, "abserve_model_adapter_set_changes_total")  # noqa: E731
     before = {(n, l): labelled(s, n, l) for n in names for l in sets}
+    changes_before = changes()
     used = {l: [0, 0, 0] for l in sets}
     for label, adapters in sets.items():
         for _ in range(2):
@@ -169,6 +174,7 @@ def test_metrics_count_requests_and_tokens_per_adapter_set(lora_server):
     for label in sets:
         got = [labelled(s, n, label) - before[(n, label)] for n in names]
         assert got == used[label], (label, got, used[label])
+    assert changes() - changes_before == 2
 
 
 def test_an_adapter_the_server_does_not_have_is_a_400(lora_server):

@@ -21,7 +21,8 @@ use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
 use crate::grammar::Grammars;
 use crate::lanes::Lanes;
 use crate::llama::{
-    take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute, LlamaError, Model,
+    begin_buffer_log, take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute,
+    LlamaError, Model,
 };
 use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
@@ -241,7 +242,7 @@ impl Engine {
         return_large_frees();
         let rss_before_load = current_rss();
         // what llama.cpp logged before (another engine's adapters loaded on demand) is not ours
-        let _ = take_buffer_log();
+        begin_buffer_log();
         // a fake device (tests) plans and admits like a real one but loads nothing onto it
         let placement = cfg
             .device

@@ -27,8 +27,39 @@ mod compute;
 pub(crate) use self::compute::{Lane, LlamaCompute};
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
-/// llama.cpp's lines about buffer sizes, kept to compare the plan with what it allocated.
-static BUFFER_LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// llama.cpp's lines about buffer sizes while an engine starts, kept to compare the plan with
+/// what it allocated.
+static BUFFER_LOG: Mutex<BufferLog> = Mutex::new(BufferLog::new());
+
+/// Buffer-size lines, kept only between [`begin_buffer_log`] and [`take_buffer_log`]: llama.cpp
+/// logs its compute buffers again at every adapter set change, so a log that kept every line
+/// would grow for as long as the server runs.
+struct BufferLog {
+    capturing: bool,
+    lines: Vec<String>,
+}
+
+impl BufferLog {
+    const fn new() -> Self {
+        BufferLog {
+            capturing: false,
+            lines: Vec::new(),
+        }
+    }
+    fn begin(&mut self) {
+        self.capturing = true;
+        self.lines.clear();
+    }
+    fn record(&mut self, line: &str) {
+        if self.capturing && line.contains("buffer size") {
+            self.lines.push(line.to_string());
+        }
+    }
+    fn take(&mut self) -> Vec<String> {
+        self.capturing = false;
+        std::mem::take(&mut self.lines)
+    }
+}
 
 /// llama.cpp's log sink.
 ///
@@ -47,13 +78,11 @@ unsafe extern "C" fn log_callback(
     // guarantees; the string is copied before returning.
     let s = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     let line = s.trim_end();
-    if line.contains("buffer size") {
-        // a poisoned lock is read through (a push cannot leave the list half-written)
-        BUFFER_LOG
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(line.to_string());
-    }
+    // a poisoned lock is read through (a push cannot leave the list half-written)
+    BUFFER_LOG
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .record(line);
     // the unified cache is bigger than the training context by design; each sequence is held to
     // --context (checked against the training context at start-up)
     let level = if line.contains("n_ctx_seq") && line.contains("n_ctx_train") {
@@ -114,8 +143,14 @@ fn on_device(line: &str) -> bool {
     !buffer.is_empty() && !buffer.starts_with("CPU") && !buffer.eq_ignore_ascii_case("host")
 }
 
+/// Starts keeping llama.cpp's buffer-size lines (what was kept before is dropped).
+pub fn begin_buffer_log() {
+    BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()).begin();
+}
+
+/// The sizes in the lines kept since [`begin_buffer_log`]; stops keeping them.
 pub fn take_buffer_log() -> LlamaBuffers {
-    let lines = std::mem::take(&mut *BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()));
+    let lines = BUFFER_LOG.lock().unwrap_or_else(|p| p.into_inner()).take();
     let mut b = LlamaBuffers::default();
     for l in &lines {
         let v = parse_mib(l);
@@ -529,4 +564,25 @@ fn raw_context(
         return Err(refused());
     }
     Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BufferLog;
+
+    #[test]
+    fn the_buffer_log_keeps_lines_only_while_an_engine_starts() {
+        let mut log = BufferLog::new();
+        log.record("llama_context:        CPU compute buffer size =    13.50 MiB");
+        log.begin();
+        log.record("load_tensors:   CPU_Mapped model buffer size =    92.12 MiB");
+        log.record("llama_context: n_ctx = 512");
+        assert_eq!(log.take().len(), 1, "only buffer lines, only after begin");
+        // an adapter set change after start logs the compute buffers again: not kept
+        for _ in 0..1000 {
+            log.record("sched_reserve:        CPU compute buffer size =    13.50 MiB");
+        }
+        assert!(log.take().is_empty());
+        assert_eq!(log.lines.capacity(), 0);
+    }
 }

@@ -115,4 +115,7 @@ pub const MODEL_RUNNING: &str = "abserve_model_requests_running";
 pub const MODEL_WAITING: &str = "abserve_model_requests_waiting";
 pub const MODEL_PROMPT_TOKENS: &str = "abserve_model_prompt_tokens_total";
 pub const MODEL_GENERATED_TOKENS: &str = "abserve_model_generated_tokens_total";
+/// Per model: times one of its contexts (an adapter lane) was given another adapter set (each
+/// makes llama.cpp reserve that context's compute graphs again; with lanes, rare).
+pub const MODEL_ADAPTER_SET_CHANGES: &str = "abserve_model_adapter_set_changes_total";
 pub const PREFIX: &str = "abserve_";

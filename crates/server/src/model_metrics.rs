@@ -25,6 +25,7 @@ pub(crate) struct ModelSeries {
     waiting: IntGaugeVec,
     prompt_tokens: IntCounterVec,
     generated_tokens: IntCounterVec,
+    set_changes: IntCounterVec,
     models: Mutex<Vec<Model>>,
 }
 
@@ -61,6 +62,10 @@ impl ModelSeries {
                 "Prompt tokens admitted to a model",
             )?,
             generated_tokens: counter(names::MODEL_GENERATED_TOKENS, "Tokens a model generated")?,
+            set_changes: counter(
+                names::MODEL_ADAPTER_SET_CHANGES,
+                "Times a model's context (an adapter lane) was given another adapter set",
+            )?,
             models: Default::default(),
         })
     }
@@ -98,6 +103,7 @@ impl ModelSeries {
             for (c, v) in [
                 (&self.prompt_tokens, s.prompt_tokens),
                 (&self.generated_tokens, s.generated_tokens),
+                (&self.set_changes, s.adapter_set_changes),
             ] {
                 let c = c.with_label_values(&id);
                 c.inc_by(v.saturating_sub(c.get()));

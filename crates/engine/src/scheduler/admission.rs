@@ -511,19 +511,7 @@ impl Scheduler {
     /// cached prefix gives its slot up.
     fn take_slot<C: Compute>(&mut self, be: &mut C, keep: Option<u64>, set: u32) -> Option<i32> {
         if !self.cfg.is_unified() {
-            let droppable = (0..self.cache.len()).filter(|&i| {
-                let c = &self.cache[i];
-                Some(c.id) != keep
-                    && !self.pinned.contains(&c.slot)
-                    && (self.store.enabled() || self.held_elsewhere(i))
-            });
-            let cached: Vec<(i32, usize)> = droppable.map(|i| (self.cache[i].slot, i)).collect();
-            let candidates = self
-                .slots
-                .iter()
-                .map(|s| (s, None))
-                .chain(cached.into_iter().map(|(s, i)| (s, Some(i))));
-            let best = candidates.min_by_key(|&(slot, _)| {
+            let best = self.open_slots(keep).into_iter().min_by_key(|&(slot, _)| {
                 (self.lane_rank(slot, set), !self.next_to_running(slot), slot)
             });
             if let Some((slot, entry)) = best {
@@ -543,6 +531,20 @@ impl Scheduler {
             return None;
         }
         self.slots.take_lowest()
+    }
+
+    /// Slots a new sequence may take (split streams): the free ones, and the cached ones whose
+    /// prefix may be dropped (not `keep`, not a pending copy's source, and — without a host
+    /// store — held elsewhere too), each with its index in the cache.
+    pub(super) fn open_slots(&self, keep: Option<u64>) -> Vec<(i32, Option<usize>)> {
+        let droppable = (0..self.cache.len()).filter(|&i| {
+            let c = &self.cache[i];
+            Some(c.id) != keep
+                && !self.pinned.contains(&c.slot)
+                && (self.store.enabled() || self.held_elsewhere(i))
+        });
+        let cached = droppable.map(|i| (self.cache[i].slot, Some(i)));
+        self.slots.iter().map(|s| (s, None)).chain(cached).collect()
     }
 
     fn next_to_running(&self, slot: i32) -> bool {

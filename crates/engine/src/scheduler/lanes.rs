@@ -1,8 +1,9 @@
 //! Steps over adapter lanes (`crate::lanes`): every lane decodes in every step, each under the
 //! adapter set whose turn it is in that lane, all in one batch that the backend splits by lane
 //! and runs side by side. A new sequence goes to a slot of a lane that already runs only its
-//! set, else of an idle lane, else of a lane that runs its set among others, else of any lane
-//! (which then takes turns between its sets, as one context does) — but only when no lane runs
+//! set, else of an idle lane (one that has its set applied first, so that lanes keep their
+//! sets when they empty together), else of a lane that runs its set among others, else of any
+//! lane (which then takes turns between its sets, as one context does) — but only when no lane runs
 //! its set: while one does, it waits for a slot there (`waits_for_lane`), and requests of other
 //! sets may take the free slots meanwhile. Turns on a lane halve its sequences' pace; waiting
 //! for a slot of one's own lane costs at most one sequence's remaining generation.
@@ -16,10 +17,14 @@ use super::seq::Seq;
 use super::step::next_in_turn;
 use super::{Compute, Scheduler};
 
+/// `lane_rank` of a slot in a lane that runs other sets only.
+const FOREIGN: u8 = 4;
+
 impl Scheduler {
     /// How well a slot suits a new sequence of set `set`: 0 in a lane whose running sequences
-    /// are all of `set`, 1 in an idle lane, 2 in a lane that runs `set` among others, 3 in a
-    /// lane that does not run `set` (joining adds a set to its turns); always 0 with one lane.
+    /// are all of `set`; in an idle lane 1 if `set` is the one applied there (no change), else
+    /// 2; 3 in a lane that runs `set` among others; [`FOREIGN`] in a lane that does not run
+    /// `set` (joining adds a set to its turns). Always 0 with one lane.
     pub(super) fn lane_rank(&self, slot: i32, set: u32) -> u8 {
         if self.lanes.count() == 1 {
             return 0;
@@ -39,9 +44,10 @@ impl Scheduler {
         }
         match (own, other) {
             (true, false) => 0,
-            (false, false) => 1,
-            (true, true) => 2,
-            (false, true) => 3,
+            (false, false) if self.on_lane[lane] == self.sets[set as usize] => 1,
+            (false, false) => 2,
+            (true, true) => 3,
+            (false, true) => FOREIGN,
         }
     }
 
@@ -54,8 +60,8 @@ impl Scheduler {
         self.slots.iter().any(|s| self.lane_rank(s, set) < here)
     }
 
-    /// Whether waiting request `s` should wait for a slot in its set's own lane: every free or
-    /// cached slot is in a lane that does not run its set (joining would add a set to that
+    /// Whether waiting request `s` should wait for a slot in its set's own lane: every slot it
+    /// could take (`open_slots`) is in a lane that does not run its set (joining would add a set to that
     /// lane's turns), while some running sequence of the set holds a lane that will free a
     /// slot. With no sequence of its set running it never waits (it takes the best slot there
     /// is, so a set without a lane of its own still runs); nor does a readiness probe.
@@ -67,8 +73,8 @@ impl Scheduler {
         {
             return false;
         }
-        let mut open = self.slots.iter().chain(self.cache.iter().map(|c| c.slot));
-        open.all(|s| self.lane_rank(s, set) == 3)
+        let open = self.open_slots(None);
+        open.iter().all(|&(s, _)| self.lane_rank(s, set) == FOREIGN)
     }
 
     /// The running sets of lane `lane`, each once, by id.

@@ -170,6 +170,9 @@ pub struct Scheduler {
     sets: Vec<AdapterSet>,
     /// The adapter set whose turn it is and the steps its turn has left (`step.rs`), per lane.
     turn: Vec<(u32, usize)>,
+    /// The adapter set applied to each lane's context, as far as this scheduler applied one
+    /// (by value: set ids are reused).
+    on_lane: Vec<AdapterSet>,
     /// How the slots are divided between adapter lanes (one lane: all of them).
     lanes: Lanes,
 }
@@ -208,6 +211,7 @@ impl Scheduler {
             gangs: 0,
             sets: vec![AdapterSet::default()],
             turn: vec![(0, 0); lanes.count()],
+            on_lane: vec![AdapterSet::default(); lanes.count()],
             lanes,
         }
     }

@@ -29,6 +29,9 @@ pub struct EngineStats {
     pub(crate) shared_prompt_tokens: AtomicU64,
     /// Whole-stream copies between slots (split KV streams only).
     pub(crate) prefix_copies: AtomicU64,
+    /// Times a context (a lane) was given another adapter set than it had: each makes
+    /// llama.cpp reserve that context's compute graphs again.
+    pub(crate) adapter_set_changes: AtomicU64,
     pub(crate) steps: AtomicU64,
     pub(crate) last_step_micros: AtomicU64,
     pub(crate) completed: AtomicU64,
@@ -103,6 +106,7 @@ impl EngineStats {
             generated_tokens: l(&self.generated_tokens),
             shared_prompt_tokens: l(&self.shared_prompt_tokens),
             prefix_copies: l(&self.prefix_copies),
+            adapter_set_changes: l(&self.adapter_set_changes),
             steps: l(&self.steps),
             completed: l(&self.completed),
             inflight: l(&self.inflight),
@@ -187,6 +191,7 @@ pub struct StatsSnapshot {
     pub generated_tokens: u64,
     pub shared_prompt_tokens: u64,
     pub prefix_copies: u64,
+    pub adapter_set_changes: u64,
     pub steps: u64,
     pub completed: u64,
     pub inflight: u64,

@@ -196,6 +196,12 @@ impl Scheduler {
     /// sequences of it, named (false).
     pub(super) fn apply_set<C: Compute>(&mut self, be: &mut C, lane: usize, set: u32) -> bool {
         let Err(e) = be.set_adapters(lane, &self.sets[set as usize]) else {
+            if self.on_lane[lane] != self.sets[set as usize] {
+                self.on_lane[lane] = self.sets[set as usize].clone();
+                self.stats
+                    .adapter_set_changes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             return true;
         };
         let label = self.sets[set as usize].label();

@@ -230,9 +230,10 @@ fn lanes_give_each_set_a_context_and_decode_every_set_in_every_step() {
             .collect();
         run(&mut s, &mut f);
         let outs: Vec<Vec<i32>> = rxs.iter_mut().map(|rx| drain(rx).0).collect();
-        (lockstep, lanes_of_sets, f.applied.len(), outs)
+        let changes = s.stats.adapter_set_changes.load(Ordering::Relaxed);
+        (lockstep, lanes_of_sets, f.applied.len(), changes, outs)
     };
-    let (lockstep, lanes_of_sets, applied, outs) = go(4);
+    let (lockstep, lanes_of_sets, applied, changes, outs) = go(4);
     assert!(lockstep, "every set progresses in every step");
     let mut seen: Vec<usize> = lanes_of_sets.iter().map(|l| l[0]).collect();
     assert!(
@@ -243,9 +244,11 @@ fn lanes_give_each_set_a_context_and_decode_every_set_in_every_step() {
     assert_eq!(seen, [0, 1, 2, 3], "one lane per set: {lanes_of_sets:?}");
     // the base model's lane starts with it applied; a, b and c once each
     assert_eq!(applied, 3);
-    let (one_lockstep, _, one_applied, one_outs) = go(1);
+    assert_eq!(changes, 3, "the counter counts what the context saw");
+    let (one_lockstep, _, one_applied, one_changes, one_outs) = go(1);
     assert!(!one_lockstep, "one context takes turns");
     assert!(one_applied > 3, "{one_applied}");
+    assert_eq!(one_changes, one_applied as u64);
     assert_eq!(outs, one_outs, "lanes change when, not what");
     for (k, a) in sets.iter().enumerate() {
         for (j, p) in prompts.iter().enumerate() {
@@ -337,9 +340,44 @@ fn a_set_waits_for_its_own_lane_rather_than_share_another() {
         guard += 1;
         assert!(guard < 1000, "no progress");
     }
+    // each lane was given its set once
+    assert_eq!(s.stats.adapter_set_changes.load(Ordering::Relaxed), 2);
     let got = finished(&mut rxs);
     let sets = [&a, &a, &b, &a, &b];
     for (k, (p, set)) in [1, 2, 3, 4, 5].iter().zip(sets).enumerate() {
         assert_eq!(got[k].0, alone(&prompt(*p, 20), set.clone()), "request {k}");
     }
+}
+
+/// Lanes that empty keep their sets: a request goes to an idle lane that has its set applied
+/// rather than to the lowest idle slot, so no set change happens.
+#[test]
+fn an_idle_lane_that_has_the_set_applied_takes_it() {
+    let (a, b) = (set("a.gguf", 1.0), set("b.gguf", 1.0));
+    let mut cfg = SchedulerConfig::split(4, 128, 128);
+    cfg.lanes = 2;
+    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    let mut f = Fake::lanes(4, 128, 2);
+    // a in the first lane, then b in the second
+    let mut rxs = vec![submit_with(&mut s, &prompt(1, 20), a.clone())];
+    s.step(&mut f);
+    rxs.push(submit_with(&mut s, &prompt(2, 20), b.clone()));
+    run(&mut s, &mut f);
+    assert_eq!(s.stats.adapter_set_changes.load(Ordering::Relaxed), 2);
+    let b_lane = (0..2)
+        .find(|&l| s.on_lane[l] == b)
+        .expect("b is applied to a lane");
+    assert_eq!(b_lane, 1);
+    rxs.push(submit_with(&mut s, &prompt(3, 20), b.clone()));
+    s.step(&mut f);
+    assert_eq!(s.running.len(), 1);
+    assert_eq!(s.lanes.lane_of(s.running[0].slot), b_lane);
+    run(&mut s, &mut f);
+    assert_eq!(
+        s.stats.adapter_set_changes.load(Ordering::Relaxed),
+        2,
+        "{:?}",
+        f.applied
+    );
+    assert_eq!(finished(&mut rxs).len(), 3);
 }
