@@ -26,6 +26,14 @@ fn split_sched(slots: usize) -> (Scheduler, Fake) {
     (s, Fake::split(slots, 128))
 }
 
+/// A scheduler on `slots` split streams in `lanes` adapter lanes, and its fake backend.
+fn lanes_sched(slots: usize, lanes: usize) -> (Scheduler, Fake) {
+    let mut cfg = SchedulerConfig::split(slots, 128, 128);
+    cfg.lanes = lanes;
+    let s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
+    (s, Fake::lanes(slots, 128, lanes))
+}
+
 /// Each request's tokens and completion (every one finished).
 fn finished(rxs: &mut [UnboundedReceiver<Event>]) -> Vec<(Vec<i32>, Completion)> {
     rxs.iter_mut()
@@ -264,10 +272,7 @@ fn lanes_give_each_set_a_context_and_decode_every_set_in_every_step() {
 fn lanes_with_more_sets_than_lanes_take_turns_inside_a_lane() {
     let sets = [set("a.gguf", 1.0), set("b.gguf", 1.0), set("c.gguf", 1.0)];
     let p = prompt(7, 40);
-    let mut cfg = SchedulerConfig::split(4, 128, 128);
-    cfg.lanes = 2;
-    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
-    let mut f = Fake::lanes(4, 128, 2);
+    let (mut s, mut f) = lanes_sched(4, 2);
     let mut rxs: Vec<_> = sets
         .iter()
         .map(|a| submit_with(&mut s, &p, a.clone()))
@@ -305,10 +310,7 @@ fn sets_by_lane(s: &Scheduler) -> Vec<Vec<u32>> {
 #[test]
 fn a_set_waits_for_its_own_lane_rather_than_share_another() {
     let (a, b) = (set("a.gguf", 1.0), set("b.gguf", 1.0));
-    let mut cfg = SchedulerConfig::split(4, 128, 128);
-    cfg.lanes = 2;
-    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
-    let mut f = Fake::lanes(4, 128, 2);
+    let (mut s, mut f) = lanes_sched(4, 2);
     let first = [
         (prompt(1, 20), &a),
         (prompt(2, 20), &a),
@@ -354,10 +356,7 @@ fn a_set_waits_for_its_own_lane_rather_than_share_another() {
 #[test]
 fn an_idle_lane_that_has_the_set_applied_takes_it() {
     let (a, b) = (set("a.gguf", 1.0), set("b.gguf", 1.0));
-    let mut cfg = SchedulerConfig::split(4, 128, 128);
-    cfg.lanes = 2;
-    let mut s = Scheduler::new(cfg, Arc::new(EngineStats::default()));
-    let mut f = Fake::lanes(4, 128, 2);
+    let (mut s, mut f) = lanes_sched(4, 2);
     // a in the first lane, then b in the second
     let mut rxs = vec![submit_with(&mut s, &prompt(1, 20), a.clone())];
     s.step(&mut f);
