@@ -3,9 +3,9 @@
 //! and runs side by side. A new sequence goes to a slot of a lane that already runs only its
 //! set, else of an idle lane (one that has its set applied first, so that lanes keep their
 //! sets when they empty together), else of a lane that runs its set among others, else of any
-//! lane (which then takes turns between its sets, as one context does) — but only when no lane runs
-//! its set: while one does, it waits for a slot there (`waits_for_lane`), and requests of other
-//! sets may take the free slots meanwhile. Turns on a lane halve its sequences' pace; waiting
+//! lane (which then takes turns between its sets, as one context does) — but only when no lane
+//! runs its set: while one does, it waits for a slot there (`waits_for_lane`), and requests of
+//! other sets may take the free slots meanwhile. Turns on a lane halve its sequences' pace; waiting
 //! for a slot of one's own lane costs at most one sequence's remaining generation.
 //!
 //! Invariants: a sequence is decoded only in a step in which its lane has its set applied (the
@@ -61,10 +61,10 @@ impl Scheduler {
     }
 
     /// Whether waiting request `s` should wait for a slot in its set's own lane: every slot it
-    /// could take (`open_slots`) is in a lane that does not run its set (joining would add a set to that
-    /// lane's turns), while some running sequence of the set holds a lane that will free a
-    /// slot. With no sequence of its set running it never waits (it takes the best slot there
-    /// is, so a set without a lane of its own still runs); nor does a readiness probe.
+    /// could take (`open_slots`) is in a lane that does not run its set (joining would add a
+    /// set to that lane's turns), while some running sequence of the set holds a lane that will
+    /// free a slot. With no sequence of its set running it never waits (it takes the best slot
+    /// there is, so a set without a lane of its own still runs); nor does a readiness probe.
     pub(super) fn waits_for_lane(&self, s: &Seq) -> bool {
         let set = s.adapters;
         if self.lanes.count() == 1
