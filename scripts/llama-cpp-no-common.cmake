@@ -10,3 +10,15 @@
 # set here shadows the cache entry the build script defines (policy CMP0077: option() leaves an
 # existing normal variable alone).
 set(LLAMA_BUILD_COMMON OFF)
+
+# No floating-point contraction in llama.cpp's C and C++ code: the compiler may not fuse a
+# multiply and an add that the source writes separately into one FMA instruction (the kernels'
+# explicit FMA intrinsics are unaffected). GCC contracts by default (-ffp-contract=fast) and
+# whether it does at a given line depends on its version: llama.cpp's prebuilt server (the
+# xllamacpp wheel, GCC 10.2.1) leaves a multiply-add of the CPU flash-attention path unfused
+# where GCC 12 fuses it, and greedy answers parted on 13 of 32 prompts. Built without
+# contraction, the same sources give that server's logits bit for bit (docs/benchmarks.md,
+# "Same answers as llama.cpp's server").
+if (CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
+    add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-ffp-contract=off>")
+endif()
