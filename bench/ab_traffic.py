@@ -22,6 +22,7 @@ import shlex
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,14 +69,39 @@ def warm(base, kind):
     run_clients(base, ws, 8)
 
 
-def measure(base, kind, clients):
+# what each server counts of a run (--profile): the work its engine did
+COUNTERS = {
+    "abserve": ["abserve_prompt_tokens_computed_total", "abserve_prompt_tokens_reused_total",
+                "abserve_prefix_copies_total", "abserve_prefix_restores_total",
+                "abserve_engine_step_seconds_count", "abserve_engine_step_seconds_sum"],
+    "llama.cpp": ["llamacpp:prompt_tokens_total", "llamacpp:n_decode_total",
+                  "llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"],
+}
+
+
+def scrape(base, names):
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in out:
+            out[parts[0]] = float(parts[1])
+    return out
+
+
+def measure(base, kind, clients, counters=None):
     bs = workload(kind)
+    before = scrape(base, counters) if counters else {}
     t0 = time.perf_counter()
     rs = run_clients(base, bs, clients)
     wall = time.perf_counter() - t0
     assert all(r[3] == 200 for r in rs), [r[3] for r in rs]
     toks = sum(r[2] for r in rs)
     lats = sorted(r[0] for r in rs)
+    if counters:
+        after = scrape(base, counters)
+        print("   " + ", ".join(f"{k.split('_total')[0]}={after[k] - before[k]:.3g}" for k in counters), file=sys.stderr)
     return toks / wall, statistics.median(lats), lats[int(0.99 * (len(lats) - 1))]
 
 
@@ -84,6 +110,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default="ab8,ab16,shared")
     ap.add_argument("--abserve-args", default="")
+    ap.add_argument("--profile", action="store_true", help="print what each engine computed (from /metrics)")
     a = ap.parse_args()
     cases = {"ab8": ("ab", 8), "ab16": ("ab", 16), "shared": ("shared", 16)}
     extra = ["--max-sequences", "8", "--context", "512", "--queue-timeout", "300"] + shlex.split(a.abserve_args)
@@ -95,7 +122,7 @@ def main():
                 p, base = start_abserve(extra) if name == "abserve" else start_peer(8, 512)
                 try:
                     warm(base, kind)
-                    r = measure(base, kind, clients)
+                    r = measure(base, kind, clients, COUNTERS[name] if a.profile else None)
                 finally:
                     stop(p)
                 results[case][name].append(r)

@@ -149,7 +149,7 @@ def start_peer(parallel, ctx_per_slot):
 import sys, time, xllamacpp as x
 p = x.CommonParams(); p.model.path = {str(MODEL)!r}; p.n_parallel = {parallel}; p.n_ctx = {parallel * ctx_per_slot}
 p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2; p.n_gpu_layers = {PEER_GPU_LAYERS}
-p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
+p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED; p.endpoint_metrics = True
 s = x.Server(p); print("ADDR", s.listening_address, flush=True)
 sys.stdin.read()
 """

@@ -25,6 +25,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+import openai
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 ABSERVE = Path(os.environ.get("ABSERVE_BIN", ROOT / "target" / "release" / "abserve"))
@@ -141,13 +143,14 @@ def stop(p):
         p.kill()
 
 
-def answer(base, msgs, max_tokens, extra):
-    body = {"model": "m", "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
-            "logprobs": True, "top_logprobs": 2, **extra}
-    v = post(base, "/v1/chat/completions", body)
-    c = v["choices"][0]
-    toks = [(t["token"], t["logprob"], [a["logprob"] for a in t["top_logprobs"]]) for t in c["logprobs"]["content"]]
-    return {"text": c["message"]["content"], "tokens": toks, "prompt_token_ids": c.get("prompt_token_ids")}
+def answer(client, model, msgs, max_tokens, extra):
+    """One greedy chat answer through the official openai SDK: its text, and per generated token
+    (token, log-probability, the top two log-probabilities), plus abserve's prompt token ids."""
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=max_tokens, temperature=0,
+                                       logprobs=True, top_logprobs=2, extra_body=extra)
+    c = r.choices[0]
+    toks = [(t.token, t.logprob, [a.logprob for a in t.top_logprobs]) for t in c.logprobs.content]
+    return {"text": c.message.content, "tokens": toks, "prompt_token_ids": (c.model_extra or {}).get("prompt_token_ids")}
 
 
 def peer_prompt_ids(base, msgs):
@@ -175,13 +178,15 @@ def run(abserve_args, peer_opts, max_tokens, convs):
     res = {}
     p, base = start_abserve(abserve_args)
     try:
-        res["abserve"] = [answer(base, m, max_tokens, {"return_token_ids": True}) for m in convs]
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        res["abserve"] = [answer(c, "m", m, max_tokens, {"return_token_ids": True}) for m in convs]
     finally:
         stop(p)
     p, base = start_peer(peer_opts)
     try:
         res["peer_ids"] = [peer_prompt_ids(base, m) for m in convs]
-        res["llama.cpp"] = [answer(base, m, max_tokens, {"cache_prompt": cache}) for m in convs]
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        res["llama.cpp"] = [answer(c, "m", m, max_tokens, {"cache_prompt": cache}) for m in convs]
     finally:
         stop(p)
     return res

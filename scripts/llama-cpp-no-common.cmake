@@ -22,3 +22,12 @@ set(LLAMA_BUILD_COMMON OFF)
 if (CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
     add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-ffp-contract=off>")
 endif()
+
+# llama.cpp at -O3 whatever Cargo's profile says. llama-cpp-sys-2 builds it as RelWithDebInfo
+# (-O2 -g) when the Rust profile has debug info (this workspace's release profile keeps line
+# tables for profiling) and as Release (-O3) without; at -O2 GCC 12 does not vectorize or unroll
+# what the kernels leave to it, and abserve ran 0.79x as fast on the A/B benchmarks (measured
+# 2026-12-06, docs/benchmarks.md). The debug build type stays as it is.
+foreach(lang C CXX)
+    set(CMAKE_${lang}_FLAGS_RELWITHDEBINFO "-O3 -g -DNDEBUG")
+endforeach()

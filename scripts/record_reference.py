@@ -34,23 +34,31 @@ def tokens_of(resp):
     return [c["id"] for c in resp["choices"][0]["logprobs"]["content"]]
 
 
-def params(model):
-    """llama.cpp's server settings of the reference runs: batch 1, 2 threads, plain attention."""
+def params(model, flash):
+    """llama.cpp's server settings of the reference runs: batch 1, 2 threads, flash attention on
+    or off."""
     p = xlc.CommonParams()
     p.model.path = model
     p.n_ctx = 2048
     p.n_parallel = 1
     p.cpuparams.n_threads = 2
     p.cpuparams_batch.n_threads = 2
-    # abserve runs attention without flash attention by default (f32, batch-independent)
-    p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    kind = "ENABLED" if flash else "DISABLED"
+    p.flash_attn_type = getattr(xlc.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{kind}")
     return p
 
 
 def main():
     model = sys.argv[1]
-    s = xlc.Server(params(model))
-    out = {"source": f"xllamacpp {xlc.__version__}", "max_tokens": MAX_TOKENS, "completions": [], "chats": []}
+    runs = [record(model, flash) for flash in (False, True)]
+    json.dump({"source": f"xllamacpp {xlc.__version__}", "max_tokens": MAX_TOKENS, "runs": runs}, sys.stdout, indent=1)
+    print()
+
+
+def record(model, flash):
+    """Every prompt's greedy continuation with flash attention on or off."""
+    s = xlc.Server(params(model, flash))
+    out = {"flash_attention": flash, "completions": [], "chats": []}
     for prompt in COMPLETIONS:
         r = s.handle_completions(
             {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1, "cache_prompt": False}
@@ -75,8 +83,8 @@ def main():
                 "text": r["choices"][0]["message"]["content"],
             }
         )
-    json.dump(out, sys.stdout, indent=1)
-    print()
+    del s
+    return out
 
 
 if __name__ == "__main__":

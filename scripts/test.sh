@@ -8,10 +8,11 @@ mark() { echo "test.sh: $1 done at ${SECONDS}s"; }
 bash scripts/setup.sh || exit 1
 # PostgreSQL and RabbitMQ for the store and queue tests (used when running, else started)
 bash scripts/services.sh || exit 1
-# gguf: test models with changed metadata (scripts/test-model-bos.py)
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, schemathesis, playwright, gguf, jsonschema" 2>/dev/null; then
+# gguf: test models with changed metadata (scripts/test-model-bos.py); xllamacpp: llama.cpp's own
+# server, prebuilt, the peer the answers are compared with (tests/python/test_parity.py)
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, schemathesis, playwright, gguf, jsonschema, xllamacpp" 2>/dev/null; then
   python3 -m venv .venv || exit 1
-  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" "playwright==1.65.2" "gguf==0.19.0" "jsonschema==4.25.1" || exit 1
+  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" "playwright==1.65.2" "gguf==0.19.0" "jsonschema==4.25.1" "xllamacpp==2026.10.11549" || exit 1
 fi
 # linters of deploy/ in their own venv (checkov pins packages pytest cannot share)
 if [ ! -x .venv-deploy/bin/checkov ]; then

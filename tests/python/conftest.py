@@ -8,19 +8,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = ROOT / "target" / "release" / "abserve"
+# ABSERVE_BIN: another build to test (e.g. an older one, to see a new test fail on it)
+BINARY = Path(os.environ.get("ABSERVE_BIN", ROOT / "target" / "release" / "abserve"))
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ID = "smol"
 
 
 class Server:
-    def __init__(self, *extra, context=512, model=MODEL):
+    def __init__(self, *extra, context=512, model=MODEL, defaults=False):
+        """`defaults`: abserve's own memory budget, context and KV cells instead of the tests'
+        small ones."""
         assert BINARY.exists(), "build first: cargo build --release"
         self.data_dir = tempfile.mkdtemp(prefix="abserve-py-")
+        sizes = [] if defaults else ["--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096"]
         args = [
             str(BINARY), "serve", "--model", str(model), "--model-id", MODEL_ID, "--port", "0",
-            "--threads", "2", "--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096",
-            "--data-dir", self.data_dir, *extra,
+            "--threads", "2", *sizes, "--data-dir", self.data_dir, *extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.base = None
