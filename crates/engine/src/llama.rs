@@ -108,6 +108,10 @@ pub fn backend() -> Result<&'static LlamaBackend, LlamaError> {
     // SAFETY: `log_callback` has the signature llama.cpp expects, never unwinds across the
     // FFI boundary (it only copies the text and logs), and keeps no user data (null).
     unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
+    // a build with llama.cpp's backends as loadable modules (one CPU module per instruction set,
+    // as llama.cpp's releases ship) picks the best one for this CPU here
+    #[cfg(feature = "dynamic-backends")]
+    llama_cpp_2::llama_backend::load_backends();
     let b = LlamaBackend::init().map_err(|e| LlamaError::Init(e.to_string()))?;
     Ok(BACKEND.get_or_init(|| b))
 }

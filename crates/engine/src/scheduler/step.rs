@@ -89,7 +89,10 @@ impl Scheduler {
         let log = tracing::enabled!(target: "abserve_engine::step", tracing::Level::DEBUG);
         let mut t = Tally::default();
         if self.lanes.count() > 1 {
-            match self.decode_lanes(be) {
+            let at = Instant::now();
+            let decoded = self.decode_lanes(be);
+            t.decode += at.elapsed();
+            match decoded {
                 Ok(plan) => self.count_decode(be, &plan, &mut t, log),
                 Err(r) => t.ran |= r,
             }
@@ -103,6 +106,7 @@ impl Scheduler {
             runs,
             prefill,
             ran,
+            decode,
         } = t;
         if decodes == 0 {
             self.publish();
@@ -124,6 +128,7 @@ impl Scheduler {
                 runs,
                 decodes,
                 admit_ms = t_admit.as_secs_f64() * 1e3,
+                decode_ms = decode.as_secs_f64() * 1e3,
                 step_ms = dt.as_secs_f64() * 1e3,
                 "step"
             );
@@ -143,7 +148,10 @@ impl Scheduler {
             if turns && t.decodes > 0 {
                 break;
             }
-            let plan = match self.decode_set(be, set) {
+            let at = Instant::now();
+            let decoded = self.decode_set(be, set);
+            t.decode += at.elapsed();
+            let plan = match decoded {
                 Ok(plan) => plan,
                 Err(r) => {
                     t.ran |= r;
@@ -285,6 +293,9 @@ struct Tally {
     prefill: bool,
     /// Nothing decoded, but batches failed (their sequences were told).
     ran: bool,
+    /// Time in building batches, applying adapter sets and llama_decode (the rest of a step is
+    /// admission, sampling and bookkeeping).
+    decode: std::time::Duration,
 }
 
 /// The set that decodes next on a context whose running sequences are of `sets` (sorted,
