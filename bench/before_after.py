@@ -143,13 +143,16 @@ def start_abserve(extra):
     raise RuntimeError("abserve did not start")
 
 
-def start_peer(parallel, ctx_per_slot):
-    """llama.cpp's server (xllamacpp) in its own process; returns (process, base URL)."""
+def start_peer(parallel, ctx_per_slot, settings=()):
+    """llama.cpp's server (xllamacpp) in its own process; returns (process, base URL).
+    `settings`: more Python lines run on its CommonParams `p` (module `x`) before it starts."""
+    extra = "\n".join(settings)
     code = f"""
 import sys, time, xllamacpp as x
 p = x.CommonParams(); p.model.path = {str(MODEL)!r}; p.n_parallel = {parallel}; p.n_ctx = {parallel * ctx_per_slot}
 p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2; p.n_gpu_layers = {PEER_GPU_LAYERS}
 p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED; p.endpoint_metrics = True
+{extra}
 s = x.Server(p); print("ADDR", s.listening_address, flush=True)
 sys.stdin.read()
 """

@@ -16,20 +16,21 @@ flash=on|off, cache_prompt=on|off per request); --abserve-args adds flags to `ab
 import argparse
 import json
 import os
-import re
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
-import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-ABSERVE = Path(os.environ.get("ABSERVE_BIN", ROOT / "target" / "release" / "abserve"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# ABSERVE_BIN picks the abserve build there
+from before_after import MODEL, start_abserve, stop  # noqa: E402
+from before_after import start_peer as start_peer_process  # noqa: E402
 
 # 32 prompts: questions, instructions, a system prompt of our own on some, a second turn on some
 QUESTIONS = [
@@ -72,20 +73,8 @@ def post(base, path, body):
         return json.loads(r.read())
 
 
-def start_abserve(extra):
-    p = subprocess.Popen([str(ABSERVE), "serve", "--model", str(MODEL), "--port", "0", "--threads", "2",
-                          "--model-id", "m", "--data-dir", tempfile.mkdtemp(prefix="abserve-parity-")] + extra,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in p.stdout:
-        m = re.match(r"abserve: listening on (http://\S+)", line)
-        if m:
-            return p, m.group(1)
-    raise RuntimeError("abserve did not start")
-
-
 def start_peer_bin(binary, opts):
     """llama.cpp's own llama-server binary (one built from source), with the same settings."""
-    import socket
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
@@ -98,49 +87,30 @@ def start_peer_bin(binary, opts):
             with urllib.request.urlopen(base + "/health", timeout=1) as r:
                 if r.status == 200:
                     return p, base
-        except Exception:
+        except OSError:
             pass
-        import time
         time.sleep(0.1)
     raise RuntimeError("llama-server did not start")
 
 
 def start_peer(opts):
+    """llama.cpp's server with `opts` (CommonParams fields; flash=on|off): the xllamacpp wheel,
+    or the `llama-server` binary that PEER_BIN names."""
     if os.environ.get("PEER_BIN"):
         return start_peer_bin(os.environ["PEER_BIN"], opts)
-    sets = []
+    settings = []
     for k, v in opts.items():
         if k == "flash":
             e = "ENABLED" if v == "on" else "DISABLED"
-            sets.append(f"p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_{e}")
-        elif k == "cache_prompt":
+            settings.append(f"p.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_{e}")
+        elif k in ("cache_prompt", "n_parallel", "n_ctx"):
             continue
         elif v in ("true", "false"):
-            sets.append(f"p.{k} = {v == 'true'}")
+            settings.append(f"p.{k} = {v == 'true'}")
         else:
-            sets.append(f"p.{k} = {int(v)}")
-    code = "\n".join([
-        "import sys, xllamacpp as x",
-        f"p = x.CommonParams(); p.model.path = {str(MODEL)!r}",
-        "p.cpuparams.n_threads = 2; p.cpuparams_batch.n_threads = 2",
-        *sets,
-        "s = x.Server(p); print('ADDR', s.listening_address, flush=True)",
-        "sys.stdin.read()",
-    ])
-    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True)
-    for line in p.stdout:
-        if line.startswith("ADDR "):
-            return p, line.split()[1].rstrip("/")
-    raise RuntimeError("xllamacpp did not start")
-
-
-def stop(p):
-    p.terminate()
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
+            settings.append(f"p.{k} = {int(v)}")
+    parallel = int(opts.get("n_parallel", "1"))
+    return start_peer_process(parallel, int(opts.get("n_ctx", "1024")) // parallel, settings)
 
 
 def answer(client, model, msgs, max_tokens, extra):
