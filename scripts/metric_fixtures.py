@@ -4,7 +4,8 @@ two variants, and for metric definitions (`binary`, `sum`, `count`, `mean`, `max
 cap, `lower is better`) the answers of GrowthBook's stats engine (gbstats) on the per-unit values
 GrowthBook's SQL would make of them: sum, count and binary over every exposed unit (0 without
 events), mean and max over units with events, the cap at PERCENTILE_CONT of all units' values
-(numpy's linear percentile), ProportionStatistic for binary metrics, `inverse` for lower is
+(numpy's linear percentile), ProportionStatistic for binary metrics (a unit converts when one of
+its values is not 0: `thumbs_up` has 0s for "no"), `inverse` for lower is
 better. crates/ab/tests/metric_definitions.rs loads the events into the store and checks the
 results to 1e-6.
 
@@ -29,8 +30,18 @@ for variant, n, p_any, scale in [("a", 300, 0.55, 20.0), ("b", 320, 0.65, 23.0)]
         k = int(rng.integers(1, 6)) if rng.random() < p_any else 0
         units[f"{variant}{i}"] = (variant, [float(np.round(rng.lognormal(np.log(scale), 0.9), 3)) for _ in range(k)])
 
+# a thumbs metric from another stream (the one above stays as it was): 0-3 events per unit, each
+# 1 ("yes") or 0 ("no", as clients send for a thumbs-down); a unit converts when one of its values
+# is not 0, so a unit whose only events are 0s has not converted
+trng = np.random.default_rng(20261206)
+thumbs = {}
+for u, (variant, _) in units.items():
+    k = int(trng.integers(0, 4))
+    thumbs[u] = [float(trng.random() < (0.3 if variant == "a" else 0.4)) for _ in range(k)]
+
 definitions = [
     {"name": "purchase", "aggregation": "binary", "direction": "higher"},
+    {"name": "thumbs_up", "aggregation": "binary", "direction": "higher"},
     {"name": "revenue", "aggregation": "sum", "direction": "higher"},
     {"name": "revenue_capped", "aggregation": "sum", "direction": "higher", "cap": 0.95},
     {"name": "orders", "aggregation": "count", "direction": "higher"},
@@ -45,7 +56,7 @@ def unit_value(agg, xs):
     if agg == "count":
         return float(len(xs))
     if agg == "binary":
-        return 1.0 if xs else 0.0
+        return 1.0 if any(x != 0 for x in xs) else 0.0
     if not xs:
         return None
     return float(np.mean(xs)) if agg == "mean" else float(max(xs))
@@ -54,7 +65,9 @@ def unit_value(agg, xs):
 cases = []
 for d in definitions:
     per = {"a": [], "b": []}
-    for variant, xs in units.values():
+    for u, (variant, xs) in units.items():
+        if d["name"] == "thumbs_up":
+            xs = thumbs[u]
         v = unit_value(d["aggregation"], xs)
         if v is not None:
             per[variant].append(v)
@@ -79,6 +92,9 @@ for d in definitions:
                   "chance_to_win": bz.chance_to_win, "risk_control": bz.risk[0], "risk_treatment": bz.risk[1]})
 
 events = [{"unit": u, "variant": v, "values": xs} for u, (v, xs) in units.items()]
-json.dump({"versions": {"gbstats": importlib.metadata.version("gbstats")}, "events": events, "cases": cases},
+# the thumbs_up metric's events; every other metric has the values of `events`
+thumbs_events = [{"unit": u, "values": xs} for u, xs in thumbs.items() if xs]
+json.dump({"versions": {"gbstats": importlib.metadata.version("gbstats")}, "events": events,
+           "thumbs_up_events": thumbs_events, "cases": cases},
           sys.stdout, separators=(",", ":"))
 print()

@@ -4,6 +4,7 @@ and `/results` and the dashboard follow each definition — a wait where lower i
 called better when it is lower, a purchase counts every exposed unit (0 without events)."""
 import json
 import random
+import time
 
 import openai
 from playwright.sync_api import expect, sync_playwright
@@ -61,6 +62,18 @@ def test_definitions_set_aggregation_and_direction(server):
         browser.close()
 
 
+def stopped_by_guardrail(s, experiment, variant):
+    """The guardrail stop of `variant` (failing if none comes within 10 s) and the results then,
+    by variant id."""
+    for _ in range(100):
+        status, text = http("GET", s.url + f"/experiments/{experiment}/results")
+        r = {v["id"]: v for v in json.loads(text)["variants"]}
+        if r[variant]["state"] == "stopped":
+            return r[variant]["stopped"], r
+        time.sleep(0.1)
+    raise AssertionError(f"{variant} was not stopped: {r[variant]}")
+
+
 def test_a_harmful_treatment_is_stopped_by_its_guardrail():
     """A treatment whose units give thumbs-down 8x as often as control's is stopped by its
     guardrail: the stop is stored with its evidence and shows in /results, /metrics and the
@@ -91,16 +104,7 @@ def test_a_harmful_treatment_is_stopped_by_its_guardrail():
                 events.append({"unit": f"u{u}", "metric": "thumbs_down", "value": 1.0})
         status, text = http("POST", s.url + "/experiments/harsh/events", {"events": events})
         assert status == 200, text
-        stopped = None
-        for _ in range(100):
-            status, text = http("GET", s.url + "/experiments/harsh/results")
-            r = {v["id"]: v for v in json.loads(text)["variants"]}
-            if r["harsh"]["state"] == "stopped":
-                stopped = r["harsh"]["stopped"]
-                break
-            import time
-            time.sleep(0.1)
-        assert stopped is not None, r["harsh"]
+        stopped, r = stopped_by_guardrail(s, "harsh", "harsh")
         assert r["control"]["state"] == "active"
         assert stopped["metric"] == "thumbs_down" and stopped["p_value"] < 0.05 and stopped["ci_low"] > 0, stopped
         assert stopped["units"] == r["control"]["units"] + r["harsh"]["units"] and stopped["at"] > 0
@@ -124,12 +128,52 @@ def test_a_harmful_treatment_is_stopped_by_its_guardrail():
         s.stop()
 
 
+def test_a_binary_metric_reads_0_as_no():
+    """Clients that send 1 or 0 for every unit (a thumbs widget, TensorZero's boolean feedback):
+    a unit converts only when one of its values is not 0, so each variant's rate is its share of
+    1s and a treatment with 5x control's thumbs-down rate (0.5 against 0.1) is stopped by its
+    guardrail. Before (issue 42, item 8) every unit that sent anything read as converted: both
+    variants at 1.0, and the treatment was never stopped."""
+    from conftest import Server
+    s = Server("--guardrail-interval", "0.3")
+    try:
+        exp = {"name": "zeros", "variants": [{"id": "control", "max_tokens": 1}, {"id": "worse", "max_tokens": 1}],
+               "metrics": [{"name": "thumbs_down", "aggregation": "binary", "direction": "lower"}],
+               "guardrails": ["thumbs_down"]}
+        status, text = http("POST", s.url + "/experiments", exp)
+        assert status in (200, 201), text
+        c = openai.OpenAI(base_url=s.url, api_key="unused")
+        rng = random.Random(42)
+        events, downs = [], {"control": [0, 0], "worse": [0, 0]}
+        for u in range(300):
+            raw = c.chat.completions.with_raw_response.create(
+                model="experiment:zeros", messages=[{"role": "user", "content": "Hi"}], user=f"u{u}")
+            v = raw.headers["x-abserve-variant"]
+            down = rng.random() < (0.5 if v == "worse" else 0.1)
+            downs[v][0] += down
+            downs[v][1] += 1
+            events.append({"unit": f"u{u}", "metric": "thumbs_down", "value": 1.0 if down else 0.0})
+        status, text = http("POST", s.url + "/experiments/zeros/events", {"events": events})
+        assert status == 200, text
+        status, text = http("GET", s.url + "/experiments/zeros/results")
+        r = {v["id"]: v for v in json.loads(text)["variants"]}
+        for v, (n_down, n) in downs.items():
+            summary = r[v]["metrics"]["thumbs_down"]["summary"]
+            assert summary["n"] == n, summary
+            # a unit whose only event is a 0 has not converted
+            assert abs(summary["mean"] - n_down / n) < 1e-9, (v, summary, n_down, n)
+        stopped, r = stopped_by_guardrail(s, "zeros", "worse")
+        assert stopped["metric"] == "thumbs_down" and stopped["ci_low"] > 0, stopped
+        assert r["control"]["state"] == "active"
+    finally:
+        s.stop()
+
+
 def test_cuped_adjusts_with_events_from_before_the_first_exposure(server):
     """Units' spend last week (events timestamped before their first exposure) predicts their
     spend now: with `cuped = true` the results carry the adjusted read-out beside the plain one,
     with a narrower interval, the variance reduction and θ; the CLI-facing JSON and the
     dashboard show it; events older than the lookback window are left out."""
-    import time
     s = server
     exp = {"name": "spend", "variants": [{"id": "a", "max_tokens": 1}, {"id": "b", "max_tokens": 1}],
            "metrics": [{"name": "spend", "aggregation": "sum", "cuped": True, "lookback_days": 7}]}

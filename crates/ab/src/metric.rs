@@ -3,8 +3,9 @@
 //! without a definition keeps the default (the mean of the unit's values, higher is better).
 //!
 //! Per unit, by `aggregation` (GrowthBook's fact-metric aggregations):
-//! - `sum`, `count`, `binary` (did the unit have any value: 1 or 0): every unit exposed by the
-//!   cutoff counts, 0 where it has no value (as GrowthBook fills units without data);
+//! - `sum`, `count`, `binary` (did the unit convert: 1 when one of its values is not 0, else 0;
+//!   a value of 0 is a "no", as clients send for a thumbs-down or a false): every unit exposed
+//!   by the cutoff counts, 0 where it has no value (as GrowthBook fills units without data);
 //! - `mean`, `max`: only units with at least one value (a mean or maximum of nothing is
 //!   undefined).
 //!
@@ -55,6 +56,16 @@ pub struct MetricDef {
     /// (default [`DEFAULT_LOOKBACK_DAYS`], as GrowthBook's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lookback_days: Option<f64>,
+}
+
+/// What the store reads of one unit's values of a metric: their sum and maximum (`None`
+/// without values), how many there are and how many of them are not 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct UnitValues {
+    pub sum: Option<f64>,
+    pub count: i64,
+    pub nonzero: i64,
+    pub max: Option<f64>,
 }
 
 /// The CUPED lookback window when a definition names none: 14 days.
@@ -112,13 +123,19 @@ impl MetricDef {
         self.lookback_days.unwrap_or(DEFAULT_LOOKBACK_DAYS) * 86_400.0
     }
 
-    /// The unit's value from the sum, count and maximum of its values (`None`: it has none);
-    /// `None` for a unit that does not count under this aggregation.
-    pub(crate) fn unit_value(&self, sum: Option<f64>, count: i64, max: Option<f64>) -> Option<f64> {
+    /// The unit's value from what the store read of its values; `None` for a unit that does
+    /// not count under this aggregation.
+    pub(crate) fn unit_value(&self, u: UnitValues) -> Option<f64> {
+        let UnitValues {
+            sum,
+            count,
+            nonzero,
+            max,
+        } = u;
         match self.aggregation {
             Aggregation::Sum => Some(sum.unwrap_or(0.0)),
             Aggregation::Count => Some(count as f64),
-            Aggregation::Binary => Some(if count > 0 { 1.0 } else { 0.0 }),
+            Aggregation::Binary => Some(if nonzero > 0 { 1.0 } else { 0.0 }),
             Aggregation::Mean => sum.filter(|_| count > 0).map(|s| s / count as f64),
             Aggregation::Max => max.filter(|_| count > 0),
         }
@@ -168,23 +185,29 @@ mod tests {
             cuped: false,
             lookback_days: None,
         };
-        assert_eq!(def(Aggregation::Sum).unit_value(None, 0, None), Some(0.0));
-        assert_eq!(
-            def(Aggregation::Binary).unit_value(Some(3.0), 2, Some(2.0)),
-            Some(1.0)
-        );
-        assert_eq!(def(Aggregation::Mean).unit_value(None, 0, None), None);
-        assert_eq!(
-            def(Aggregation::Mean).unit_value(Some(3.0), 2, Some(2.0)),
-            Some(1.5)
-        );
-        assert_eq!(
-            def(Aggregation::Max).unit_value(Some(3.0), 2, Some(2.0)),
-            Some(2.0)
-        );
-        assert_eq!(
-            def(Aggregation::Count).unit_value(Some(3.0), 2, Some(2.0)),
-            Some(2.0)
-        );
+        let none = UnitValues::default();
+        // two values, 1 and 2
+        let some = UnitValues {
+            sum: Some(3.0),
+            count: 2,
+            nonzero: 2,
+            max: Some(2.0),
+        };
+        // one value, 0: a "no"
+        let no = UnitValues {
+            sum: Some(0.0),
+            count: 1,
+            nonzero: 0,
+            max: Some(0.0),
+        };
+        assert_eq!(def(Aggregation::Sum).unit_value(none), Some(0.0));
+        assert_eq!(def(Aggregation::Binary).unit_value(some), Some(1.0));
+        assert_eq!(def(Aggregation::Binary).unit_value(no), Some(0.0));
+        assert_eq!(def(Aggregation::Binary).unit_value(none), Some(0.0));
+        assert_eq!(def(Aggregation::Count).unit_value(no), Some(1.0));
+        assert_eq!(def(Aggregation::Mean).unit_value(none), None);
+        assert_eq!(def(Aggregation::Mean).unit_value(some), Some(1.5));
+        assert_eq!(def(Aggregation::Max).unit_value(some), Some(2.0));
+        assert_eq!(def(Aggregation::Count).unit_value(some), Some(2.0));
     }
 }

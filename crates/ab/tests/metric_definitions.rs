@@ -2,7 +2,8 @@
 //! PostgreSQL equal GrowthBook's stats engine to 1e-6 on committed fixtures
 //! (scripts/metric_fixtures.py): per-unit `binary`, `sum`, `count`, `mean` and `max` values of
 //! the same raw events, a percentile cap, and `lower is better` (chance to beat control and the
-//! risks flipped as gbstats' `inverse`).
+//! risks flipped as gbstats' `inverse`); and a `binary` metric whose events are 1 or 0, where a
+//! unit converts only when one of its values is not 0 (220 units have only 0s).
 
 use abserve_ab::testing::Fresh;
 use abserve_ab::OutcomeEvent;
@@ -22,7 +23,7 @@ async fn check(f: &Fresh) {
         let x = common::exposure(unit, u["variant"].as_str().unwrap());
         s.record_exposure("defs", &x).await.unwrap();
         for v in u["values"].as_array().unwrap() {
-            for m in &names {
+            for m in names.iter().filter(|m| **m != "thumbs_up") {
                 events.push(OutcomeEvent {
                     unit: unit.into(),
                     metric: m.to_string(),
@@ -30,6 +31,16 @@ async fn check(f: &Fresh) {
                     timestamp: None,
                 });
             }
+        }
+    }
+    for u in fx["thumbs_up_events"].as_array().unwrap() {
+        for v in u["values"].as_array().unwrap() {
+            events.push(OutcomeEvent {
+                unit: u["unit"].as_str().unwrap().into(),
+                metric: "thumbs_up".into(),
+                value: v.as_f64().unwrap(),
+                timestamp: None,
+            });
         }
     }
     common::record_all(&s, "defs", &events).await;

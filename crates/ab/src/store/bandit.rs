@@ -10,18 +10,23 @@ use crate::bandit::{
     chance_best, estimates, weights, winner, Cell, Estimate, NamedWinner, Period, Settings,
 };
 use crate::experiment::Experiment;
-use crate::metric::{Aggregation, MetricDef};
+use crate::metric::{Aggregation, MetricDef, UnitValues};
 
 /// Per unit exposed (not forced): variant, time of its first exposure, and of metric `$2` the
-/// sum, count and maximum of its events.
-const UNITS: &str = "
-    WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit),
+/// sum, count, count not 0 and maximum of its events.
+fn units_sql() -> String {
+    format!(
+        "WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit),
     uv AS (SELECT first.unit, x.variant, x.ts AS t0 FROM first JOIN exposures x ON x.id = first.id),
-    per AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, MAX(value) AS mx FROM events
+    per AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, {} AS nz, MAX(value) AS mx FROM events
         WHERE experiment = $1 AND metric = $2 GROUP BY unit)
-    SELECT uv.variant, uv.t0, per.s, COALESCE(per.c, 0), per.mx FROM uv LEFT JOIN per ON per.unit = uv.unit";
+    SELECT uv.variant, uv.t0, per.s, COALESCE(per.c, 0), COALESCE(per.nz, 0), per.mx
+    FROM uv LEFT JOIN per ON per.unit = uv.unit",
+        super::results::nonzero("value")
+    )
+}
 
-type UnitRow = (String, f64, Option<f64>, i64, Option<f64>);
+type UnitRow = (String, f64, Option<f64>, i64, i64, Option<f64>);
 
 /// A bandit's read-out in `/results`.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -50,7 +55,9 @@ impl Store {
     /// The decision metric's cells, `[period][variant]`.
     pub async fn bandit_cells(&self, e: &Experiment) -> Result<Vec<Vec<Cell>>, StoreError> {
         let metric = e.decision_metric.clone().unwrap_or_default();
-        let rows: Vec<UnitRow> = on_pool!(self, p => sqlx::query_as(UNITS).bind(&e.name).bind(&metric).fetch_all(p).await?);
+        let q = units_sql();
+        let rows: Vec<UnitRow> =
+            on_pool!(self, p => sqlx::query_as(&q).bind(&e.name).bind(&metric).fetch_all(p).await?);
         let def = e.metrics.iter().find(|m| m.name == metric).cloned();
         let def = def.unwrap_or(MetricDef {
             name: metric,
@@ -66,11 +73,17 @@ impl Store {
             .map(|s| s.periods.iter().map(|p| p.start).collect())
             .unwrap_or_default();
         let mut cells = vec![vec![Cell::default(); e.variants.len()]; starts.len() + 1];
-        for (variant, t0, s, c, mx) in rows {
+        for (variant, t0, sum, count, nonzero, max) in rows {
             let Some(k) = e.variants.iter().position(|v| v.id == variant) else {
                 continue;
             };
-            if let Some(x) = def.unit_value(s, c, mx) {
+            let u = UnitValues {
+                sum,
+                count,
+                nonzero,
+                max,
+            };
+            if let Some(x) = def.unit_value(u) {
                 cells[starts.partition_point(|&t| t <= t0)][k].add(x);
             }
         }

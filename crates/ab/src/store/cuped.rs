@@ -8,29 +8,39 @@
 use std::collections::BTreeMap;
 
 use crate::cuped::PrePost;
-use crate::metric::{winsorise, Aggregation, MetricDef};
+use crate::metric::{winsorise, Aggregation, MetricDef, UnitValues};
 use crate::stats::Summary;
 
-/// Per unit exposed by the cutoff `$2`: its variant and, of metric `$3`, the sum, count and
-/// maximum of its events from its first exposure on, and of those in the `$4` seconds before.
-pub(super) const PRE_POST: &str = "
-    WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY unit),
+/// Per unit exposed by the cutoff `$2`: its variant and, of metric `$3`, the sum, count, count
+/// not 0 and maximum of its events from its first exposure on, and of those in the `$4` seconds
+/// before.
+pub(super) fn pre_post_sql() -> String {
+    let nz = super::results::nonzero("value");
+    format!(
+        "WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY unit),
     uv AS (SELECT first.unit, x.variant, x.ts AS t0 FROM first JOIN exposures x ON x.id = first.id),
     ev AS (SELECT e.unit, e.value, e.ts, uv.t0 FROM events e JOIN uv ON uv.unit = e.unit
         WHERE e.experiment = $1 AND e.metric = $3),
-    post AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, MAX(value) AS mx FROM ev WHERE ts >= t0 GROUP BY unit),
-    pre AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, MAX(value) AS mx FROM ev
+    post AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, {nz} AS nz, MAX(value) AS mx FROM ev
+        WHERE ts >= t0 GROUP BY unit),
+    pre AS (SELECT unit, SUM(value) AS s, COUNT(*) AS c, {nz} AS nz, MAX(value) AS mx FROM ev
         WHERE ts < t0 AND ts >= t0 - $4 GROUP BY unit)
-    SELECT uv.variant, post.s, COALESCE(post.c, 0), post.mx, pre.s, COALESCE(pre.c, 0), pre.mx
-    FROM uv LEFT JOIN post ON post.unit = uv.unit LEFT JOIN pre ON pre.unit = uv.unit";
+    SELECT uv.variant, post.s, COALESCE(post.c, 0), COALESCE(post.nz, 0), post.mx,
+        pre.s, COALESCE(pre.c, 0), COALESCE(pre.nz, 0), pre.mx
+    FROM uv LEFT JOIN post ON post.unit = uv.unit LEFT JOIN pre ON pre.unit = uv.unit"
+    )
+}
 
-/// One row of [`PRE_POST`].
+/// One row of [`pre_post_sql`]: the variant, then the post and the pre values' sum, count,
+/// count not 0 and maximum.
 pub(super) type PrePostRow = (
     String,
     Option<f64>,
     i64,
+    i64,
     Option<f64>,
     Option<f64>,
+    i64,
     i64,
     Option<f64>,
 );
@@ -46,10 +56,22 @@ pub(super) fn pre_post(
     BTreeMap<String, PrePost>,
 ) {
     let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for (variant, s, c, mx, ps, pc, pmx) in rows {
+    for (variant, s, c, nz, mx, ps, pc, pnz, pmx) in rows {
         let units = by.entry(variant).or_default();
-        if let Some(y) = def.unit_value(s, c, mx) {
-            units.push((def.unit_value(ps, pc, pmx).unwrap_or(0.0), y));
+        let post = UnitValues {
+            sum: s,
+            count: c,
+            nonzero: nz,
+            max: mx,
+        };
+        let pre = UnitValues {
+            sum: ps,
+            count: pc,
+            nonzero: pnz,
+            max: pmx,
+        };
+        if let Some(y) = def.unit_value(post) {
+            units.push((def.unit_value(pre).unwrap_or(0.0), y));
         }
     }
     let mut cap = None;

@@ -478,10 +478,11 @@ impl Store {
             ratios.push((i, rows));
         }
         let q = results::defined_sql();
+        let q_pre_post = cuped::pre_post_sql();
         let mut defined = vec![];
         for (index, m) in e.metrics.iter().enumerate() {
             if m.cuped {
-                let rows: Vec<cuped::PrePostRow> = on_pool!(self, p => sqlx::query_as(cuped::PRE_POST)
+                let rows: Vec<cuped::PrePostRow> = on_pool!(self, p => sqlx::query_as(&q_pre_post)
                     .bind(&e.name).bind(until).bind(&m.name).bind(m.lookback_seconds()).fetch_all(p).await?);
                 let (summaries, cap, sums) = cuped::pre_post(m, rows);
                 defined.push(results::Defined {

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::adjust::{benjamini_hochberg, holm};
 use crate::bayes::{bayesian, Bayesian};
 use crate::experiment::Experiment;
-use crate::metric::{Direction, MetricDef};
+use crate::metric::{Direction, MetricDef, UnitValues};
 use crate::ratio::RatioMoments;
 use crate::sequential::{sequential, Sequential, DEFAULT_TUNING};
 use crate::stats::{from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary};
@@ -114,26 +114,34 @@ fn ratio() -> String {
 }
 
 /// Per unit of the experiment (exposed by the cutoff) its variant and, of metric `$3`, the
-/// sum, count and maximum of its values (automatic metrics over its non-forced exposures,
-/// outcome metrics over its events); a unit without a value has a NULL sum and a count of 0.
+/// sum, count, count of values not 0, and maximum of its values (automatic metrics over its
+/// non-forced exposures, outcome metrics over its events); a unit without a value has a NULL
+/// sum and counts of 0.
 /// A defined metric (`metric.rs`) makes each unit's value from them in Rust.
 fn defined() -> String {
     format!(
         "unit_vals AS ({}
         UNION ALL SELECT unit, metric, value FROM events WHERE experiment = $1
     ),
-    per AS (SELECT unit, SUM(v) AS s, COUNT(*) AS c, MAX(v) AS mx FROM unit_vals WHERE metric = $3 GROUP BY unit)
-    SELECT uv.variant, per.s, COALESCE(per.c, 0), per.mx FROM uv LEFT JOIN per ON per.unit = uv.unit",
-        AUTOMATIC.replace("KEY", "unit")
+    per AS (SELECT unit, SUM(v) AS s, COUNT(*) AS c, {NONZERO_V} AS nz, MAX(v) AS mx FROM unit_vals
+        WHERE metric = $3 GROUP BY unit)
+    SELECT uv.variant, per.s, COALESCE(per.c, 0), COALESCE(per.nz, 0), per.mx FROM uv LEFT JOIN per ON per.unit = uv.unit",
+        AUTOMATIC.replace("KEY", "unit"),
+        NONZERO_V = nonzero("v"),
     )
+}
+
+/// SQL counting the rows of a group whose `column` is not 0 (a binary metric's conversions).
+pub(super) fn nonzero(column: &str) -> String {
+    format!("SUM(CASE WHEN {column} <> 0 THEN 1 ELSE 0 END)")
 }
 
 pub(super) fn defined_sql() -> String {
     format!("WITH {UNIT_VARIANT}, {}", defined())
 }
 
-/// One row of [`defined_sql`]: variant, sum, count, maximum.
-pub(super) type DefinedRow = (String, Option<f64>, i64, Option<f64>);
+/// One row of [`defined_sql`]: variant, sum, count, count not 0, maximum.
+pub(super) type DefinedRow = (String, Option<f64>, i64, i64, Option<f64>);
 
 /// A defined metric's per-unit values by variant, capped when it says so: its summaries and
 /// the cap applied.
@@ -142,9 +150,15 @@ pub(super) fn defined_summaries(
     rows: Vec<DefinedRow>,
 ) -> (BTreeMap<String, Summary>, Option<f64>) {
     let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (variant, sum, count, max) in rows {
+    for (variant, sum, count, nonzero, max) in rows {
         let entry = by.entry(variant).or_default();
-        if let Some(x) = def.unit_value(sum, count, max) {
+        let u = UnitValues {
+            sum,
+            count,
+            nonzero,
+            max,
+        };
+        if let Some(x) = def.unit_value(u) {
             entry.push(x);
         }
     }
