@@ -68,6 +68,18 @@ pub(crate) struct UnitValues {
     pub max: Option<f64>,
 }
 
+impl From<(Option<f64>, i64, i64, Option<f64>)> for UnitValues {
+    /// From the store's columns: sum, count, count not 0, maximum.
+    fn from((sum, count, nonzero, max): (Option<f64>, i64, i64, Option<f64>)) -> Self {
+        UnitValues {
+            sum,
+            count,
+            nonzero,
+            max,
+        }
+    }
+}
+
 /// The CUPED lookback window when a definition names none: 14 days.
 pub const DEFAULT_LOOKBACK_DAYS: f64 = 14.0;
 

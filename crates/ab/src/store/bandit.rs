@@ -10,7 +10,7 @@ use crate::bandit::{
     chance_best, estimates, weights, winner, Cell, Estimate, NamedWinner, Period, Settings,
 };
 use crate::experiment::Experiment;
-use crate::metric::{Aggregation, MetricDef, UnitValues};
+use crate::metric::{Aggregation, MetricDef};
 
 /// Per unit exposed (not forced): variant, time of its first exposure, and of metric `$2` the
 /// sum, count, count not 0 and maximum of its events.
@@ -77,13 +77,7 @@ impl Store {
             let Some(k) = e.variants.iter().position(|v| v.id == variant) else {
                 continue;
             };
-            let u = UnitValues {
-                sum,
-                count,
-                nonzero,
-                max,
-            };
-            if let Some(x) = def.unit_value(u) {
+            if let Some(x) = def.unit_value((sum, count, nonzero, max).into()) {
                 cells[starts.partition_point(|&t| t <= t0)][k].add(x);
             }
         }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::cuped::PrePost;
-use crate::metric::{winsorise, Aggregation, MetricDef, UnitValues};
+use crate::metric::{winsorise, Aggregation, MetricDef};
 use crate::stats::Summary;
 
 /// Per unit exposed by the cutoff `$2`: its variant and, of metric `$3`, the sum, count, count
@@ -58,20 +58,9 @@ pub(super) fn pre_post(
     let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for (variant, s, c, nz, mx, ps, pc, pnz, pmx) in rows {
         let units = by.entry(variant).or_default();
-        let post = UnitValues {
-            sum: s,
-            count: c,
-            nonzero: nz,
-            max: mx,
-        };
-        let pre = UnitValues {
-            sum: ps,
-            count: pc,
-            nonzero: pnz,
-            max: pmx,
-        };
-        if let Some(y) = def.unit_value(post) {
-            units.push((def.unit_value(pre).unwrap_or(0.0), y));
+        if let Some(y) = def.unit_value((s, c, nz, mx).into()) {
+            let x = def.unit_value((ps, pc, pnz, pmx).into());
+            units.push((x.unwrap_or(0.0), y));
         }
     }
     let mut cap = None;

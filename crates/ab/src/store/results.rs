@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::adjust::{benjamini_hochberg, holm};
 use crate::bayes::{bayesian, Bayesian};
 use crate::experiment::Experiment;
-use crate::metric::{Direction, MetricDef, UnitValues};
+use crate::metric::{Direction, MetricDef};
 use crate::ratio::RatioMoments;
 use crate::sequential::{sequential, Sequential, DEFAULT_TUNING};
 use crate::stats::{from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary};
@@ -152,13 +152,7 @@ pub(super) fn defined_summaries(
     let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (variant, sum, count, nonzero, max) in rows {
         let entry = by.entry(variant).or_default();
-        let u = UnitValues {
-            sum,
-            count,
-            nonzero,
-            max,
-        };
-        if let Some(x) = def.unit_value(u) {
+        if let Some(x) = def.unit_value((sum, count, nonzero, max).into()) {
             entry.push(x);
         }
     }
