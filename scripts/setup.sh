@@ -12,6 +12,10 @@ compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/li
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # headless Chromium renders abserve eval's HTML report in the tests
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# ccache: llama.cpp's CMake (GGML_CCACHE, on by default) compiles through it when it is on the
+# PATH, so a second build of the same llama.cpp on this machine (another clone, the Vulkan
+# feature, CI again) takes its objects from ~/.cache/ccache instead of compiling them again
+command -v ccache >/dev/null 2>&1 || need+=(ccache)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   sudo=""

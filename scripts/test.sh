@@ -21,6 +21,9 @@ if [ ! -x .venv-deploy/bin/checkov ]; then
 fi
 # CI needs no debug line tables (Cargo.toml keeps them for profiling): less to compile and link
 [ -n "${CI:-}" ] && export CARGO_PROFILE_RELEASE_DEBUG=0
+# ccache keys llama.cpp's objects by paths relative to the checkout, so every clone of this
+# repository on the machine shares them
+export CCACHE_BASEDIR=$PWD
 mark "setup"
 cargo build --release --bin abserve || exit 1
 mark "release build"
@@ -30,9 +33,11 @@ cargo fmt --all --check >/dev/null 2>&1 || { echo "cargo fmt --all --check: the 
 python3 scripts/check-features.py || status=1
 # the layout shows the design: file and function lengths, no import circle (issue 27)
 python3 scripts/check-layout.py || status=1
+cargo test --release --workspace --no-run 2>&1 || status=1
+mark "Rust test build"
 cargo test --release --workspace --no-fail-fast 2>&1 || status=1
 mark "Rust tests"
-.venv/bin/python -m pytest -q tests/python 2>&1 || status=1
+.venv/bin/python -m pytest -q --durations=15 tests/python 2>&1 || status=1
 mark "Python tests"
 # the Vulkan build on Mesa's software device (lavapipe); it reuses the CPU build's dependencies
 bash scripts/test-vulkan.sh 2>&1 || status=1
