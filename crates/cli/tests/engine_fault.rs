@@ -1,5 +1,6 @@
 //! An engine thread that panics (a fault injected through its `Compute`: the first decode
-//! panics when `ABSERVE_TEST_PANIC_AT_DECODE=1`) does not leave a zombie server: the request in
+//! panics when `ABSERVE_TEST_PANIC_AT_DECODE=1`, in a binary built with the cargo feature
+//! `fault-injection`, as scripts/test.sh builds it) does not leave a zombie server: the request in
 //! flight gets a 500 naming the cause, `/health` fails, and the process exits non-zero with the
 //! cause in its log, for a supervisor (Kubernetes' liveness probe, systemd) to restart it.
 
@@ -24,7 +25,10 @@ async fn a_panic_on_the_engine_thread_fails_the_request_and_health_and_exits_non
     );
     let body = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
     let (status, v) = post_json(&c, &s.url("/v1/chat/completions"), body).await;
-    assert_eq!(status, 500, "{v}");
+    assert_eq!(
+        status, 500,
+        "the injected fault did not fire: build with `--features fault-injection` (scripts/test.sh does): {v}"
+    );
     let m = v["error"]["message"].as_str().unwrap();
     assert!(
         m.contains("panicked") && m.contains("injected fault"),

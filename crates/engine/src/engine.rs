@@ -17,7 +17,7 @@ use crate::adapters::AdapterBudget;
 use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
-use crate::engine_loop::{injected_panic, run_guarded, Command, PanicAt};
+use crate::engine_loop::{run_guarded, Command};
 use crate::grammar::Grammars;
 use crate::lanes::Lanes;
 use crate::llama::{
@@ -27,7 +27,9 @@ use crate::llama::{
 use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
 use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
-use crate::scheduler::{EngineStats, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver};
+use crate::scheduler::{
+    EngineStats, InFlight, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
+};
 use crate::tools::ToolFormat;
 
 /// What llama.cpp allocated, beside the plan: resident memory after loading and after the
@@ -166,10 +168,13 @@ impl EngineThread {
                     *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
                 };
                 // the cause is kept by `died` (read by `Engine::failure`)
-                let _ = match injected_panic() {
-                    Some(at) => run_guarded(&mut sched, &mut PanicAt::new(compute, at), &rx, died),
-                    None => run_guarded(&mut sched, &mut compute, &rx, died),
-                };
+                #[cfg(feature = "fault-injection")]
+                if let Some(at) = crate::fault::injected_panic() {
+                    let mut faulty = crate::fault::PanicAt::new(compute, at);
+                    let _ = run_guarded(&mut sched, &mut faulty, &rx, died);
+                    return;
+                }
+                let _ = run_guarded(&mut sched, &mut compute, &rx, died);
             })
             .map_err(|e| EngineError::Thread(e.to_string()))?;
         let (rss, llama) = ready_rx
@@ -371,8 +376,8 @@ impl Engine {
     /// the request and frees its KV cells within one step.
     pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         self.check(&req)?;
-        self.reserve(1, req.priority)?;
-        self.send(req)
+        let permit = self.reserve(1, req.priority)?.remove(0);
+        self.send(req, permit)
     }
 
     /// Queues requests as one group (a fan-out, `n` choices, a multi-prompt completion): all of
@@ -383,21 +388,20 @@ impl Engine {
         &self,
         reqs: Vec<Request>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
-        use std::sync::atomic::Ordering;
         for r in &reqs {
             self.check(r)?;
         }
-        let n = reqs.len();
-        self.reserve(n, false)?;
+        let permits = self.reserve(reqs.len(), false)?;
         let (members, rxs): (Vec<_>, Vec<_>) = reqs
             .into_iter()
-            .map(|r| {
+            .zip(permits)
+            .map(|(r, permit)| {
                 let (tx, rx) = unbounded_channel();
-                ((r, tx), rx)
+                ((r, tx, permit), rx)
             })
             .unzip();
+        // refused, the command is dropped and its permits with it
         if self.tx.send(Command::SubmitGroup(members)).is_err() {
-            self.stats.inflight.fetch_sub(n as u64, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);
         }
         Ok(rxs)
@@ -432,8 +436,7 @@ impl Engine {
     }
 
     /// Takes `n` places among slots + queue at once, or none (the priority lane always has one).
-    fn reserve(&self, n: usize, priority: bool) -> Result<(), SubmitError> {
-        use std::sync::atomic::Ordering;
+    fn reserve(&self, n: usize, priority: bool) -> Result<Vec<InFlight>, SubmitError> {
         // running sequences fill the slots; beyond slots + max_queue the queue is full
         let slots = self.plan.seq_slots as usize;
         let capacity = slots.saturating_add(self.max_queue);
@@ -445,20 +448,21 @@ impl Engine {
                 queue: self.max_queue,
             });
         }
-        let inflight = self.stats.inflight.fetch_add(n as u64, Ordering::SeqCst) as usize;
+        let (inflight, permits) = InFlight::take(&self.stats, n);
         if !priority && inflight + n > capacity {
-            self.stats.inflight.fetch_sub(n as u64, Ordering::SeqCst);
             return Err(SubmitError::QueueFull(self.max_queue));
         }
-        Ok(())
+        Ok(permits)
     }
 
     /// Hands a checked request with a reserved place to the engine thread.
-    fn send(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
-        use std::sync::atomic::Ordering;
+    fn send(
+        &self,
+        req: Request,
+        permit: InFlight,
+    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
         let (etx, erx) = unbounded_channel();
-        if self.tx.send(Command::Submit(req, etx)).is_err() {
-            self.stats.inflight.fetch_sub(1, Ordering::SeqCst);
+        if self.tx.send(Command::Submit(req, etx, permit)).is_err() {
             return Err(SubmitError::ShuttingDown);
         }
         Ok(erx)

@@ -14,14 +14,15 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::request::{Event, GenerationError, Request};
-use crate::scheduler::{Compute, Scheduler};
+use crate::request::{Event, EventSender, GenerationError, Request};
+use crate::scheduler::{Compute, InFlight, Scheduler};
 
 /// What the handle sends the engine thread.
 pub(crate) enum Command {
-    Submit(Request, crate::request::EventSender),
+    /// A request with its place among slots + queue, held until it ends.
+    Submit(Request, EventSender, InFlight),
     /// Members admitted together (see `Scheduler::enqueue_gang`).
-    SubmitGroup(Vec<(Request, crate::request::EventSender)>),
+    SubmitGroup(Vec<(Request, EventSender, InFlight)>),
     Shutdown,
 }
 
@@ -49,13 +50,14 @@ pub(crate) fn run_guarded<C: Compute>(
     let error = || Event::Error(GenerationError::Internal(cause.clone()));
     while let Ok(cmd) = rx.try_recv() {
         match cmd {
-            Command::Submit(_, tx) => {
-                sched.forget_inflight(1);
+            // each permit is dropped before its request hears
+            Command::Submit(_, tx, permit) => {
+                drop(permit);
                 let _ = tx.send(error());
             }
             Command::SubmitGroup(members) => {
-                sched.forget_inflight(members.len());
-                for (_, tx) in members {
+                for (_, tx, permit) in members {
+                    drop(permit);
                     let _ = tx.send(error());
                 }
             }
@@ -68,8 +70,8 @@ pub(crate) fn run_guarded<C: Compute>(
 fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: &Receiver<Command>) {
     let handle = |sched: &mut Scheduler, cmd: Command| -> bool {
         match cmd {
-            Command::Submit(req, tx) => {
-                sched.enqueue(req, tx);
+            Command::Submit(req, tx, permit) => {
+                sched.enqueue(req, tx, permit);
                 true
             }
             Command::SubmitGroup(members) => {
@@ -116,91 +118,16 @@ fn run_loop<C: Compute>(sched: &mut Scheduler, be: &mut C, rx: &Receiver<Command
     sched.abort_all(be);
 }
 
-/// The environment variable that makes the engine thread panic at its Nth decode: the fault the
-/// process-level test injects (`crates/cli/tests/engine_fault.rs`) to see requests fail,
-/// `/health` fail and the process exit non-zero with the cause. Not for production use.
-pub const PANIC_AT_DECODE: &str = "ABSERVE_TEST_PANIC_AT_DECODE";
-
-/// The decode at which to panic, when [`PANIC_AT_DECODE`] is set.
-pub(crate) fn injected_panic() -> Option<u64> {
-    let at = std::env::var(PANIC_AT_DECODE).ok()?.parse().ok()?;
-    tracing::warn!("{PANIC_AT_DECODE}={at}: the engine thread will panic at decode {at}");
-    Some(at)
-}
-
-/// A model that panics at its `at`-th decode and is `inner` otherwise (a fault injected through
-/// [`Compute`]).
-pub(crate) struct PanicAt<C> {
-    inner: C,
-    at: u64,
-    decodes: u64,
-}
-
-impl<C> PanicAt<C> {
-    pub fn new(inner: C, at: u64) -> Self {
-        PanicAt {
-            inner,
-            at,
-            decodes: 0,
-        }
-    }
-}
-
-impl<C: Compute> Compute for PanicAt<C> {
-    fn batch_capacity(&self) -> usize {
-        self.inner.batch_capacity()
-    }
-    fn clear_batch(&mut self) {
-        self.inner.clear_batch()
-    }
-    fn add(&mut self, token: i32, pos: usize, seq: i32, logits: bool) {
-        self.inner.add(token, pos, seq, logits)
-    }
-    fn decode(&mut self) -> Result<bool, String> {
-        self.decodes += 1;
-        if self.decodes == self.at {
-            panic!("injected fault: decode {} ({PANIC_AT_DECODE})", self.at);
-        }
-        self.inner.decode()
-    }
-    fn logits(&self, batch_index: usize) -> &[f32] {
-        self.inner.logits(batch_index)
-    }
-    fn remove_seq(&mut self, seq: i32) {
-        self.inner.remove_seq(seq)
-    }
-    fn share_prefix(&mut self, src: i32, dst: i32, len: usize) {
-        self.inner.share_prefix(src, dst, len)
-    }
-    fn truncate_seq(&mut self, seq: i32, len: usize) {
-        self.inner.truncate_seq(seq, len)
-    }
-    fn save_seq(&mut self, seq: i32) -> Option<(crate::scheduler::Snapshot, usize)> {
-        self.inner.save_seq(seq)
-    }
-    fn restore_seq(&mut self, snap: &crate::scheduler::Snapshot, seq: i32) -> bool {
-        self.inner.restore_seq(snap, seq)
-    }
-    fn piece(&self, token: i32) -> Vec<u8> {
-        self.inner.piece(token)
-    }
-    fn is_eog(&self, token: i32) -> bool {
-        self.inner.is_eog(token)
-    }
-    fn set_adapters(
-        &mut self,
-        lane: usize,
-        set: &crate::adapters::AdapterSet,
-    ) -> Result<(), String> {
-        self.inner.set_adapters(lane, set)
-    }
-}
-
-/// A request the loop was handed, for tests.
+/// A request the loop was handed, for tests, holding a place counted in `stats` as the
+/// handle's would.
 #[cfg(test)]
-pub(crate) fn submit(req: Request) -> (Command, crate::request::EventReceiver) {
+pub(crate) fn submit(
+    req: Request,
+    stats: &std::sync::Arc<crate::scheduler::EngineStats>,
+) -> (Command, crate::request::EventReceiver) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    (Command::Submit(req, tx), rx)
+    let (_, mut permit) = InFlight::take(stats, 1);
+    (Command::Submit(req, tx, permit.remove(0)), rx)
 }
 
 #[cfg(test)]

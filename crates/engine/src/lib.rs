@@ -26,6 +26,8 @@ mod config;
 pub mod device;
 mod engine;
 mod engine_loop;
+#[cfg(any(test, feature = "fault-injection"))]
+mod fault;
 pub mod grammar;
 mod invalid;
 mod lanes;

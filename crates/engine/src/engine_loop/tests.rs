@@ -1,7 +1,7 @@
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::*;
+use crate::fault::PanicAt;
 use crate::sampler::SamplingParams;
 use crate::scheduler::{EngineStats, SchedulerConfig, Snapshot};
 
@@ -48,9 +48,10 @@ fn a_panic_in_a_step_fails_every_request_in_flight_and_is_returned_with_its_caus
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut receivers = vec![];
     for i in 0..3 {
-        let (cmd, events) = submit(Request::new(vec![5 + i; 4], SamplingParams::greedy(3)));
-        // the handle counts a request in flight when it sends it
-        stats.inflight.fetch_add(1, Ordering::SeqCst);
+        let (cmd, events) = submit(
+            Request::new(vec![5 + i; 4], SamplingParams::greedy(3)),
+            &stats,
+        );
         tx.send(cmd).unwrap();
         receivers.push(events);
     }

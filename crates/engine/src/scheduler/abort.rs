@@ -12,12 +12,11 @@ impl Scheduler {
     /// Drops everything (engine shutdown): waiting and running get an error event.
     pub fn abort_all<C: Compute>(&mut self, be: &mut C) {
         for s in std::mem::take(&mut self.waiting) {
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+            let s = s.ended();
             let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
         }
         while let Some(a) = self.running.pop() {
-            let s = self.release(be, a);
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+            let s = self.release(be, a).ended();
             let _ = s.tx.send(Event::Error(GenerationError::ShuttingDown));
         }
         while self.evict_lru(be, None) {}
@@ -29,21 +28,16 @@ impl Scheduler {
     pub fn fail_all(&mut self, cause: &str) {
         let waiting = std::mem::take(&mut self.waiting);
         let running = std::mem::take(&mut self.running);
-        let txs = waiting
-            .iter()
-            .map(|s| &s.tx)
-            .chain(running.iter().map(|a| &a.seq.tx));
-        for tx in txs {
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-            let _ = tx.send(Event::Error(GenerationError::Internal(cause.into())));
+        let seqs = waiting
+            .into_iter()
+            .chain(running.into_iter().map(|a| a.seq));
+        for s in seqs {
+            let s = s.ended();
+            let _ =
+                s.tx.send(Event::Error(GenerationError::Internal(cause.into())));
         }
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
         self.publish();
-    }
-
-    /// Requests the handle counted in flight that never reached the scheduler.
-    pub fn forget_inflight(&self, n: usize) {
-        self.stats.inflight.fetch_sub(n as u64, Ordering::Relaxed);
     }
 
     /// A request that hit a state the scheduler must never reach fails alone, with the state
@@ -51,7 +45,7 @@ impl Scheduler {
     pub(super) fn fault(&mut self, s: Seq, state: String) {
         tracing::error!("engine fault, request failed: {state}");
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
-        self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+        let s = s.ended();
         let _ = s.tx.send(Event::Error(GenerationError::Internal(state)));
     }
 }

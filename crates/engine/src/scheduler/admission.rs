@@ -22,7 +22,7 @@ use rand::Rng;
 use super::kv::common_prefix;
 use super::seq::{Active, Seq};
 use super::stats::EngineStats;
-use super::{Compute, Scheduler};
+use super::{Compute, InFlight, Scheduler};
 use crate::request::{admitted_together, Event, EventSender, Request};
 use std::sync::atomic::Ordering;
 
@@ -42,14 +42,14 @@ impl Scheduler {
     /// Queues requests that are admitted together or not at all (see `admission.rs`). A group
     /// larger than the slots can never run at once: its members queue as plain requests (they
     /// were accepted whole, so every one runs, in order, as slots free).
-    pub fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender)>) {
+    pub(crate) fn enqueue_gang(&mut self, reqs: Vec<(Request, EventSender, InFlight)>) {
         let together = reqs.len() > 1 && admitted_together(reqs.len(), self.cfg.seq_slots);
         let gang = together.then(|| {
             self.gangs += 1;
             self.gangs
         });
-        for (req, tx) in reqs {
-            self.enqueue(req, tx);
+        for (req, tx, permit) in reqs {
+            self.enqueue(req, tx, permit);
             if let Some(s) = self.waiting.last_mut() {
                 s.gang = gang;
             }

@@ -14,19 +14,8 @@ use std::time::Instant;
 use super::sample::{self, End};
 use super::seq::Phase;
 use super::stats::EngineStats;
-use super::{Compute, Scheduler};
+use super::{Compute, Planned, Scheduler};
 use crate::request::{Completion, Event, GenerationError, GrammarOutcome};
-
-/// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
-/// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
-/// are asked for, at the positions before each: see `sample.rs`).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Planned {
-    pub idx: usize,
-    pub n: usize,
-    pub first: usize,
-    pub logits: Option<usize>,
-}
 
 impl Scheduler {
     /// The batch of the running sequences of each lane's picked adapter set (`pick[lane]`;
@@ -96,7 +85,6 @@ impl Scheduler {
             let a = self.running.remove(i);
             // release also drops the sequence from llama.cpp's cache, not only from our accounting
             let s = self.release(be, a).ended();
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             let _ = s.tx.send(Event::Error(err.clone()));
         }
     }
@@ -136,7 +124,6 @@ impl Scheduler {
                 End::Finish(reason) => reason,
                 End::Fail(e) => {
                     let s = self.release(be, a).ended();
-                    self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
                     let _ = s.tx.send(Event::Error(e));
                     continue;
                 }
@@ -173,7 +160,6 @@ impl Scheduler {
             };
             let _ = s.tx.send(Event::Done(done));
             self.stats.completed.fetch_add(1, Ordering::Relaxed);
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

@@ -12,9 +12,9 @@
 //! batch holds, per lane, only the picked set's sequences); a lane with running sequences
 //! decodes in every step unless applying its set failed (those sequences then fail, named).
 
-use super::batch::Planned;
 use super::seq::Seq;
 use super::step::next_in_turn;
+use super::Planned;
 use super::{Compute, Scheduler};
 
 /// `lane_rank` of a slot in a lane that runs other sets only.

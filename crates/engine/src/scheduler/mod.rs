@@ -43,7 +43,19 @@ use crate::text::TextStream;
 
 use kv::{Cached, CellTable, PrefixStore, SlotPool, Stored};
 use seq::{Active, Seq};
+pub(crate) use stats::InFlight;
 pub use stats::{EngineStats, SetCounts, StatsSnapshot};
+
+/// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
+/// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
+/// are asked for, at the positions before each: see `sample.rs`; built by `batch.rs` and `lanes.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Planned {
+    pub idx: usize,
+    pub n: usize,
+    pub first: usize,
+    pub logits: Option<usize>,
+}
 
 /// What the scheduler needs from a model + context. llama.cpp implements it in `engine.rs`;
 /// tests implement it with a tiny deterministic fake.
@@ -256,14 +268,15 @@ impl Scheduler {
     }
 
     #[cfg(test)]
-    /// Queues a request. The engine handle counted it in `inflight` when it was submitted;
-    /// `enqueue_counted` is for callers (tests) that bypass the handle.
+    /// Queues a request with a place of its own, for callers (tests) that bypass the handle,
+    /// which takes the place when a request is submitted.
     pub fn enqueue_counted(&mut self, req: Request, tx: EventSender) {
-        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
-        self.enqueue(req, tx);
+        let (_, mut permit) = InFlight::take(&self.stats, 1);
+        self.enqueue(req, tx, permit.remove(0));
     }
 
-    pub fn enqueue(&mut self, req: Request, tx: EventSender) {
+    /// Queues a request that holds its place (`permit`) until it ends.
+    pub(crate) fn enqueue(&mut self, req: Request, tx: EventSender, permit: InFlight) {
         let n_prompt = req.prompt.len();
         let limit = (n_prompt + req.params.max_tokens as usize).min(self.cfg.context);
         let adapters = self.intern(req.adapters);
@@ -289,6 +302,7 @@ impl Scheduler {
             forced: 0,
             adapters,
             lease: req.lease,
+            permit,
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);
@@ -352,9 +366,6 @@ impl Scheduler {
         }
         if cancelled > 0 {
             EngineStats::add(&self.stats.cancellations, cancelled);
-            self.stats
-                .inflight
-                .fetch_sub(cancelled as u64, Ordering::Relaxed);
         }
     }
 

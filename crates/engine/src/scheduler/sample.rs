@@ -14,10 +14,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::batch::Planned;
 use super::seq::Seq;
 use super::stats::EngineStats;
 use super::Compute;
+use super::Planned;
 use crate::request::{Event, FinishReason, GenerationError};
 use crate::sampler::PENALTY_LAST_N;
 

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use super::InFlight;
 use crate::adapters::AdapterLease;
 use crate::grammar::Constraint;
 use crate::request::EventSender;
@@ -49,13 +50,17 @@ pub(super) struct Seq {
     /// Keeps the set's adapters loaded until the sequence is dropped (`adapters/budget.rs`):
     /// released by [`Seq::ended`].
     pub lease: AdapterLease,
+    /// The request's place among slots + queue, given back by [`Seq::ended`] or when the
+    /// sequence is dropped.
+    pub permit: InFlight,
 }
 
 impl Seq {
-    /// The sequence once it has ended, before its caller hears so: its adapters are released
-    /// first, so a caller that sends its next request at once finds their room free.
+    /// The sequence once it has ended, before its caller hears so: its adapters and its place
+    /// are released first, so a caller that sends its next request at once finds them free.
     pub fn ended(mut self) -> Self {
         self.lease = AdapterLease::default();
+        self.permit = InFlight::default();
         self
     }
     pub fn generated(&self) -> usize {

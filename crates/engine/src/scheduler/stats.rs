@@ -1,7 +1,8 @@
 //! Live counters of the engine, written by the scheduler only and readable from any thread.
 //!
-//! Fields are private to the crate: the scheduler is the one writer (besides `Engine::submit`,
-//! which counts a request as in flight before it reaches the engine thread). Readers take a
+//! Fields are private to the crate: the scheduler is the one writer, except the in-flight count,
+//! whose one owner is the [`InFlight`] permit (taken by the engine handle before a request
+//! reaches the engine thread, given back when dropped). Readers take a
 //! [`StatsSnapshot`] or [`EngineStats::groups`]. The per-group table is behind a mutex that is
 //! never held across a panic-prone call, and a poisoned lock is read through, so a panic on one
 //! side cannot take the other down.
@@ -37,8 +38,9 @@ pub struct EngineStats {
     pub(crate) completed: AtomicU64,
     /// Largest number of cells ever in use by running sequences.
     pub(crate) kv_cells_peak: AtomicU64,
-    /// Requests submitted and not yet finished (queued in the channel, waiting or running).
-    pub(crate) inflight: AtomicU64,
+    /// Requests submitted and not yet finished (queued in the channel, waiting or running):
+    /// counted by [`InFlight`] permits alone.
+    inflight: AtomicU64,
     /// Cells held only by cached prefixes of finished sequences (free on demand).
     pub(crate) kv_cells_cached: AtomicU64,
     /// Host-memory prefix store: bytes and entries held, restores made.
@@ -209,4 +211,32 @@ pub struct StatsSnapshot {
     pub forced_tokens: u64,
     pub constrained_running: u64,
     pub matcher_bytes: u64,
+}
+
+/// One request's place among the engine's slots + queue: counted in `inflight` from the moment
+/// the handle takes it ([`InFlight::take`]) until the permit is dropped — with the sequence that
+/// holds it (finished, failed, cancelled, aborted), or with the command that never reached the
+/// engine thread. The count has this one owner, so no path can forget a place or give it back
+/// twice. The default permit holds no place.
+#[derive(Default)]
+pub(crate) struct InFlight(Option<Arc<EngineStats>>);
+
+impl InFlight {
+    /// `n` places at once, with the count before them (the caller decides whether they fit; a
+    /// refused request drops its permits).
+    pub(crate) fn take(stats: &Arc<EngineStats>, n: usize) -> (usize, Vec<InFlight>) {
+        let before = stats.inflight.fetch_add(n as u64, Ordering::SeqCst) as usize;
+        (
+            before,
+            (0..n).map(|_| InFlight(Some(stats.clone()))).collect(),
+        )
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(stats) = self.0.take() {
+            stats.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }

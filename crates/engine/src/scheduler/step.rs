@@ -18,7 +18,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{batch, Compute, Scheduler};
+use super::{Compute, Planned, Scheduler};
 use crate::adapters::AdapterSet;
 use crate::request::GenerationError;
 
@@ -170,13 +170,7 @@ impl Scheduler {
     }
 
     /// Counts a decoded batch into the step's tally, then samples and retires (`batch.rs`).
-    fn count_decode<C: Compute>(
-        &mut self,
-        be: &mut C,
-        plan: &[batch::Planned],
-        t: &mut Tally,
-        log: bool,
-    ) {
+    fn count_decode<C: Compute>(&mut self, be: &mut C, plan: &[Planned], t: &mut Tally, log: bool) {
         t.decodes += 1;
         t.seqs += plan.len();
         t.tokens += plan.iter().map(|p| p.n).sum::<usize>();
@@ -189,11 +183,7 @@ impl Scheduler {
     }
 
     /// Applies adapter set `set` and decodes a batch of its running sequences (one lane).
-    fn decode_set<C: Compute>(
-        &mut self,
-        be: &mut C,
-        set: u32,
-    ) -> Result<Vec<batch::Planned>, bool> {
+    fn decode_set<C: Compute>(&mut self, be: &mut C, set: u32) -> Result<Vec<Planned>, bool> {
         if !self.apply_set(be, 0, set) {
             return Err(true);
         }
@@ -214,12 +204,12 @@ impl Scheduler {
         };
         let label = self.sets[set as usize].label();
         tracing::error!("applying adapters {label} failed: {e}");
-        let plan: Vec<batch::Planned> = (0..self.running.len())
+        let plan: Vec<Planned> = (0..self.running.len())
             .filter(|&i| {
                 let a = &self.running[i];
                 a.seq.adapters == set && self.lanes.lane_of(a.slot) == lane
             })
-            .map(|idx| batch::Planned {
+            .map(|idx| Planned {
                 idx,
                 n: 0,
                 first: 0,
@@ -239,7 +229,7 @@ impl Scheduler {
         &mut self,
         be: &mut C,
         pick: &[Option<u32>],
-    ) -> Result<Vec<batch::Planned>, bool> {
+    ) -> Result<Vec<Planned>, bool> {
         loop {
             let plan = self.build_batch(be, pick);
             if plan.is_empty() {
@@ -274,7 +264,7 @@ impl Scheduler {
     }
 
     /// How many runs of consecutive slots a batch's sequences form (the step log's `runs`).
-    fn slot_runs(&self, plan: &[batch::Planned]) -> usize {
+    fn slot_runs(&self, plan: &[Planned]) -> usize {
         let mut slots: Vec<i32> = plan.iter().map(|p| self.running[p.idx].slot).collect();
         slots.sort_unstable();
         slots.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1

@@ -22,9 +22,12 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
             ((req, tx), rx)
         })
         .unzip();
-    s.stats
-        .inflight
-        .fetch_add(members.len() as u64, Ordering::Relaxed);
+    let (_, permits) = InFlight::take(&s.stats, members.len());
+    let members = members
+        .into_iter()
+        .zip(permits)
+        .map(|((r, tx), p)| (r, tx, p))
+        .collect();
     s.enqueue_gang(members);
     rxs
 }
