@@ -120,3 +120,58 @@ def test_overload_raises_rate_limit_error(tiny_server):
     assert not others, others
     assert limited and ok
     assert all(int(e.response.headers["retry-after"]) >= 1 for e in limited)
+
+
+def test_a_tool_message_must_answer_an_earlier_call(server):
+    """As OpenAI's API: a `tool` message needs a `tool_call_id`, must follow an assistant
+    message with `tool_calls` (other tool messages between), and must answer one of them."""
+    c = client(server)
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    asked = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    bad = [
+        # no tool_call_id
+        ("messages[2].tool_call_id", asked + [{"role": "tool", "content": "21 C"}]),
+        # answers a call nobody made
+        ("messages[2].tool_call_id", asked + [{"role": "tool", "tool_call_id": "call_9", "content": "21 C"}]),
+        # follows no assistant message with tool_calls
+        ("messages[1].role", [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+        ]),
+    ]
+    for param, messages in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4)
+        assert e.value.status_code == 400
+        assert e.value.body["param"] == param, e.value.body
+    ok = c.chat.completions.create(
+        model=MODEL_ID,
+        messages=asked + [{"role": "tool", "tool_call_id": "call_1", "content": "21 C"}],
+        max_tokens=4,
+    )
+    assert ok.choices[0].message.role == "assistant"
+
+
+def test_streamed_usage_says_what_was_cached_as_a_whole_answer_does(server):
+    c = client(server)
+    kw = dict(
+        model=MODEL_ID,
+        messages=[
+            {"role": "system", "content": "You are a terse assistant who answers in one short sentence. " * 6},
+            {"role": "user", "content": "Name a colour."},
+        ],
+        max_tokens=6,
+        temperature=0,
+    )
+    whole = c.chat.completions.create(**kw).usage
+    chunks = list(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    streamed = chunks[-1].usage
+    again = c.chat.completions.create(**kw).usage
+    assert streamed.prompt_tokens == whole.prompt_tokens
+    # the second and third asks reuse the first's prompt: both say so, alike
+    assert streamed.prompt_tokens_details is not None, streamed
+    assert streamed.prompt_tokens_details.cached_tokens > 0
+    assert streamed.prompt_tokens_details.cached_tokens == again.prompt_tokens_details.cached_tokens

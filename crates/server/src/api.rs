@@ -3,10 +3,7 @@
 
 use std::sync::Arc;
 
-use abserve_engine::prepare::{
-    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, prepare,
-    Input, Options, PromptInput,
-};
+use abserve_engine::prepare::{prepare, Input, Options};
 use abserve_engine::Request;
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
 use abserve_protocol::Sampling;
@@ -16,6 +13,9 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::body_rules::{
+    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, PromptInput,
+};
 use crate::error::ApiError;
 use crate::experiments::route;
 use crate::respond::{collect_response, now_secs, stream_response};

@@ -1,14 +1,15 @@
-//! The checks of an OpenAI request body that do not depend on the model: the messages (roles,
-//! text parts, sizes), `n`, the log-probability options and a completions prompt's shape.
+//! OpenAI's rules for a request body that do not depend on the model: the messages (roles, text
+//! parts, sizes, a `tool` message answering an earlier call), `n`, the log-probability options
+//! and a completions prompt's shape. They are the server's (the engine takes messages, prompts
+//! and sampling, not OpenAI's body).
 //!
 //! Limits: `n` ≤ [`MAX_N`], at most [`MAX_MESSAGES`] messages of at most [`MAX_MESSAGE_BYTES`]
 //! of text together, `top_logprobs` ≤ 20 (completions `logprobs` ≤ 5), at most
 //! [`MAX_COMPLETIONS`] completions per request (prompts × n).
 
+use abserve_engine::prepare::{Input, PrepareError};
 use abserve_protocol::wire::{ChatRequest, CompletionRequest, Content, Prompt};
 use abserve_protocol::ChatMessage;
-
-use crate::invalid::PrepareError;
 
 pub const MAX_N: i64 = 16;
 pub const MAX_MESSAGES: usize = 1024;
@@ -98,10 +99,44 @@ pub fn chat_messages(r: &ChatRequest) -> Result<Vec<ChatMessage>, PrepareError> 
             }
             msg.tool_calls = calls.clone();
         }
+        if m.role == "tool" {
+            answered_call(&out, i, m.tool_call_id.as_deref())?;
+        }
         msg.tool_call_id = m.tool_call_id.clone();
         out.push(msg);
     }
     Ok(out)
+}
+
+/// OpenAI's rule for a `tool` message (the `i`th, after `before`): it carries a
+/// `tool_call_id`, it follows an assistant message with `tool_calls` (other tool messages may
+/// come between), and it answers one of those calls.
+fn answered_call(before: &[ChatMessage], i: usize, id: Option<&str>) -> Result<(), PrepareError> {
+    let Some(id) = id.filter(|id| !id.is_empty()) else {
+        return Err(PrepareError::new(
+            format!("messages[{i}].tool_call_id"),
+            format!("missing required parameter: 'messages[{i}].tool_call_id'"),
+        ));
+    };
+    let calls = before
+        .iter()
+        .rev()
+        .find(|m| m.role != "tool")
+        .filter(|m| m.role == "assistant" && !m.tool_calls.is_empty())
+        .map(|m| &m.tool_calls);
+    let Some(calls) = calls else {
+        return Err(PrepareError::new(
+            format!("messages[{i}].role"),
+            "messages with role 'tool' must be a response to a preceding message with 'tool_calls'",
+        ));
+    };
+    if !calls.iter().any(|c| c.id == id) {
+        return Err(PrepareError::new(
+            format!("messages[{i}].tool_call_id"),
+            format!("'tool_call_id' of '{id}' is not found in the 'tool_calls' of the preceding assistant message"),
+        ));
+    }
+    Ok(())
 }
 
 /// Chat `logprobs`/`top_logprobs` as the number of alternatives to report, if any.
@@ -270,5 +305,14 @@ pub fn unsupported_fields(
             "best_of",
             format!("best_of is not supported (only 1), got {v}"),
         )),
+    }
+}
+
+impl<'a> From<&'a PromptInput> for Input<'a> {
+    fn from(p: &'a PromptInput) -> Input<'a> {
+        match p {
+            PromptInput::Text(t) => Input::Text(t),
+            PromptInput::Tokens(t) => Input::Tokens(t),
+        }
     }
 }

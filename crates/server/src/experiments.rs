@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use abserve_ab::assign;
 use abserve_ab::OutcomeEvent;
 use abserve_ab::{Experiment, Status};
 use abserve_engine::prepare::{prepare, Input, Options};
@@ -13,6 +12,7 @@ use abserve_engine::ChatMessage;
 use abserve_engine::Request;
 use abserve_protocol::abserve::{Deleted, EventsAccepted, Fanout, FanoutResult, List};
 use abserve_protocol::Sampling;
+use abserve_statistics::assign;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};

@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use abserve_ab::{Harm, Status};
+use abserve_ab::Status;
+use abserve_statistics::Harm;
 
 use crate::abstate::AbState;
 use crate::state::AppState;

@@ -12,6 +12,7 @@ mod adapter_metrics;
 mod api;
 mod auth;
 mod bandits;
+mod body_rules;
 mod dashboard;
 mod engine_api;
 mod error;

@@ -118,6 +118,17 @@ fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) ->
     }
 }
 
+/// The usage of an answer, whole or streamed alike: prompt tokens as OpenAI counts them, the
+/// completion tokens of every choice, and how many prompt tokens came from cached prefixes
+/// (OpenAI's `cached_tokens`).
+fn usage(seqs: &[Prepared], completion_tokens: usize, cached_tokens: usize) -> Usage {
+    let mut usage = Usage::new(prompt_tokens_once(seqs) as u64, completion_tokens as u64);
+    usage.prompt_tokens_details = Some(PromptTokensDetails {
+        cached_tokens: cached_tokens as u64,
+    });
+    usage
+}
+
 /// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
 fn prompt_tokens_once(seqs: &[Prepared]) -> usize {
     seqs.iter()
@@ -189,13 +200,7 @@ pub(crate) async fn collect_response(
         answer(&mut choice, &req, i, c.text, d.finish_reason.as_str());
         choices.push(choice);
     }
-    let mut usage = Usage::new(
-        prompt_tokens_once(&req.seqs) as u64,
-        completion_tokens as u64,
-    );
-    usage.prompt_tokens_details = Some(PromptTokensDetails {
-        cached_tokens: cached as u64,
-    });
+    let usage = usage(&req.seqs, completion_tokens, cached);
     let body = WireResponse {
         id: req.kind.id(),
         object: if req.kind == Kind::Chat {
@@ -348,6 +353,8 @@ struct Seen {
     first_done: Option<Completion>,
     first_error: Option<String>,
     completion_tokens: usize,
+    /// Prompt tokens of every choice whose KV came from a cached prefix.
+    cached_tokens: usize,
 }
 
 /// The first chunk of every choice of a chat stream: the assistant's role, empty content (none
@@ -434,6 +441,7 @@ pub(crate) fn stream_response(
                     }
                     Piece::Last(cs, d) => {
                         s.completion_tokens += d.completion_tokens;
+                        s.cached_tokens += d.shared_prompt_tokens;
                         s.first_done.get_or_insert(d);
                         cs.iter().map(sse).collect()
                     }
@@ -460,12 +468,13 @@ async fn finish_stream(
     chunker: Chunker,
     seen: Arc<Mutex<Seen>>,
 ) -> Option<Result<SseEvent, Infallible>> {
-    let (done, err, completion) = {
+    let (done, err, completion, cached) = {
         let s = seen.lock().unwrap_or_else(|p| p.into_inner());
         (
             s.first_done.clone(),
             s.first_error.clone(),
             s.completion_tokens,
+            s.cached_tokens,
         )
     };
     if let Some(r) = &req.routed {
@@ -476,10 +485,7 @@ async fn finish_stream(
         return None;
     }
     let mut c = chunker.chunk(vec![]);
-    c.usage = Some(Usage::new(
-        prompt_tokens_once(&req.seqs) as u64,
-        completion as u64,
-    ));
+    c.usage = Some(usage(&req.seqs, completion, cached));
     Some(sse(&c))
 }
 

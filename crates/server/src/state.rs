@@ -259,7 +259,7 @@ impl AppState {
                             .map(|v| units.get(&v.id).copied().unwrap_or(0))
                             .collect();
                         // NaN until the experiment has units to test
-                        let p = abserve_ab::srm(&observed, &e.weights())
+                        let p = abserve_statistics::srm(&observed, &e.weights())
                             .map_or(f64::NAN, |s| s.p_value);
                         st.metrics
                             .experiment_srm

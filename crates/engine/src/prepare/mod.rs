@@ -22,7 +22,6 @@
 
 mod sampling;
 mod structure;
-mod wire;
 
 use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 
@@ -36,11 +35,6 @@ use crate::tools::{ToolFormat, ToolUse};
 pub use crate::invalid::PrepareError;
 pub use sampling::{sampling_params, Options, MAX_STOP, MAX_TOP_K};
 pub use structure::{constraint, logit_bias, response_grammar, shape, Shaped, MAX_LOGIT_BIAS};
-pub use wire::{
-    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices,
-    unsupported_fields, PromptInput, MAX_COMPLETIONS, MAX_MESSAGES, MAX_MESSAGE_BYTES, MAX_N,
-    ROLES, UNSUPPORTED,
-};
 
 /// What preparation needs of a model: its chat template and its vocabulary. The engine
 /// implements it over the loaded model; the server's tests over a fake.
@@ -109,15 +103,6 @@ pub enum Input<'a> {
     Text(&'a str),
     /// A completions prompt as token ids (checked against the vocabulary by the caller).
     Tokens(&'a [i32]),
-}
-
-impl<'a> From<&'a PromptInput> for Input<'a> {
-    fn from(p: &'a PromptInput) -> Input<'a> {
-        match p {
-            PromptInput::Text(t) => Input::Text(t),
-            PromptInput::Tokens(t) => Input::Tokens(t),
-        }
-    }
 }
 
 /// The context a prompt must fit.
