@@ -3,8 +3,12 @@
 
 - no file over 600 lines in crates/*/src and crates/*/tests (tests included);
 - no function over 80 lines outside tests (a `#[cfg(test)]` module, a `tests` folder or file);
-- no import circle between the modules of a crate (`use crate::…` and `super::…`, comments
-  left out; a module and its own submodules are one unit).
+- no import circle between sibling modules, at any depth: the modules of a crate, and the files
+  and folders of one folder (`use crate::…`, `super::…`, `self::…` and inline paths, use trees
+  expanded, comments and `#[cfg(test)]` modules left out; a module and its own submodules are
+  one unit).
+
+`--root DIR` checks another tree (the checker's own test plants a circle in one).
 
 Prints each finding and exits 1 when there is one. With --warn-functions, long functions are
 printed as warnings and do not fail the check (while the last of them are being split).
@@ -16,6 +20,8 @@ import sys
 MAX_FILE = 600
 MAX_FN = 80
 ROOT = os.path.join(os.path.dirname(__file__), "..")
+if "--root" in sys.argv:
+    ROOT = sys.argv[sys.argv.index("--root") + 1]
 FN = re.compile(r"^(\s*)(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+(\w+)")
 
 
@@ -51,7 +57,21 @@ def long_functions(path, lines):
                 break
 
 
+def strip_tests(lines):
+    """The file's text without comments and without its `#[cfg(test)] mod …` (tests may import
+    what the module itself does not)."""
+    out = []
+    for i, l in enumerate(lines):
+        if l.strip() == "#[cfg(test)]" and i + 1 < len(lines) and lines[i + 1].startswith("mod "):
+            break
+        if not l.strip().startswith("//"):
+            out.append(l)
+    return "\n".join(out)
+
+
 def modules(src):
+    """Each module of the crate under `src`, as a tuple of names (() is the crate root), with
+    its text. Test modules (a `tests` folder or file) are left out."""
     mods = {}
     for root, _, files in os.walk(src):
         for f in files:
@@ -63,37 +83,101 @@ def modules(src):
                 parts = parts[:-1]
             if "tests" in parts:
                 continue
-            text = "\n".join(
-                l for l in open(p).read().split("\n") if not l.strip().startswith("//")
-            )
-            mods["::".join(parts)] = text
+            mods[tuple(parts)] = strip_tests(open(p).read().split("\n"))
     return mods
 
 
+def use_paths(tree):
+    """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"] (a use tree, spaces removed)."""
+    depth, i = 0, None
+    for k, ch in enumerate(tree):
+        if ch == "{" and depth == 0:
+            i = k
+            break
+    if i is None:
+        return [tree.split(" as ")[0]]
+    if "}" not in tree:
+        return []
+    prefix, inner = tree[:i], tree[i + 1 : tree.rindex("}")]
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    parts.append(cur)
+    return [prefix + q for part in parts if part.strip() for q in use_paths(part.strip())]
+
+
+USE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.MULTILINE)
+PATH = re.compile(r"\b(?:crate|super|self)(?:::(?:[A-Za-z_]\w*|\*))+")
+
+
+def references(name, text):
+    """The module paths (tuples) that the module `name` names: in `use` trees and inline."""
+    refs = []
+    paths = []
+    for m in USE.finditer(text):
+        paths += use_paths(re.sub(r"\s+", "", m.group(1)))
+    paths += [m.group(0) for m in PATH.finditer(text)]
+    for path in paths:
+        segs = path.split("::")
+        if segs[0] == "crate":
+            base, rest = (), segs[1:]
+        elif segs[0] in ("super", "self"):
+            base = name
+            while segs and segs[0] in ("super", "self"):
+                if segs[0] == "super":
+                    base = base[:-1]
+                segs = segs[1:]
+            rest = segs
+        else:
+            continue
+        refs.append(base + tuple(s for s in rest if s != "*"))
+    return refs
+
+
 def circles(src):
+    """Import circles between sibling modules of one folder (files or folders of the same
+    parent), at every depth: an edge A -> B when something in A (or below it) names something
+    in B (or below it) and A and B are children of the same module. A module and its own
+    submodules are one unit, so `super::` from a child to its parent is no edge."""
     mods = modules(src)
-    graph = {}
+    graphs = {}  # parent module -> {child: {children it depends on}}
     for name, text in mods.items():
-        deps = set()
-        for m in re.finditer(r"crate::([a-z_]+)", text):
-            top = m.group(1)
-            if top in mods and top != name.split("::")[0]:
-                deps.add(top)
-        graph[name.split("::")[0]] = graph.get(name.split("::")[0], set()) | deps
-    found, state = [], {}
+        for ref in references(name, text):
+            # the longest module path the reference starts with
+            target = max((m for m in mods if ref[: len(m)] == m), key=len, default=None)
+            if target is None:
+                continue
+            k = 0
+            while k < min(len(name), len(target)) and name[k] == target[k]:
+                k += 1
+            if k == len(name) or k == len(target):
+                continue  # one contains the other
+            parent = name[:k]
+            g = graphs.setdefault(parent, {})
+            g.setdefault(name[k], set()).add(target[k])
+    found = []
+    for parent in sorted(graphs):
+        graph, state = graphs[parent], {}
 
-    def visit(v, path):
-        state[v] = 1
-        for w in sorted(graph.get(v, ())):
-            if state.get(w) == 1:
-                found.append(path[path.index(w):] + [w] if w in path else [v, w])
-            elif w not in state:
-                visit(w, path + [w])
-        state[v] = 2
+        def visit(v, path):
+            state[v] = 1
+            for w in sorted(graph.get(v, ())):
+                if state.get(w) == 1:
+                    cyc = path[path.index(w):] + [w]
+                    found.append(["::".join(parent + (x,)) for x in cyc])
+                elif w not in state:
+                    visit(w, path + [w])
+            state[v] = 2
 
-    for v in sorted(graph):
-        if v not in state:
-            visit(v, [v])
+        for v in sorted(graph):
+            if v not in state:
+                visit(v, [v])
     return found
 
 

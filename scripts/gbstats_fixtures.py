@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates crates/ab/tests/fixtures/gbstats.json: samples with the answers of GrowthBook's
+"""Regenerates crates/statistics/tests/fixtures/gbstats.json: samples with the answers of GrowthBook's
 own stats engine (gbstats), confseq and statsmodels, which the Rust statistics must match to
 1e-6 (crates/ab/tests/gbstats_fixtures.rs):
 
@@ -18,7 +18,7 @@ pybind11 than it pins:
     python3 -m venv /tmp/gb && /tmp/gb/bin/pip install gbstats==0.8.0 scipy statsmodels ninja \
         "pybind11<2.12" scikit-build cmake setuptools wheel
     PATH=/tmp/gb/bin:$PATH /tmp/gb/bin/pip install --no-build-isolation confseq==0.0.11
-    /tmp/gb/bin/python scripts/gbstats_fixtures.py > crates/ab/tests/fixtures/gbstats.json
+    /tmp/gb/bin/python scripts/gbstats_fixtures.py > crates/statistics/tests/fixtures/gbstats.json
 """
 import importlib.metadata
 import json

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerates crates/ab/tests/fixtures/paired_stats.json: paired samples with the answers of
+"""Regenerates crates/statistics/tests/fixtures/paired_stats.json: paired samples with the answers of
 scipy.stats.ttest_rel (paired t-test), statsmodels' exact McNemar test and scipy's binomtest
 (sign test), which the Rust paired statistics must match to 1e-6.
 
     .venv/bin/pip install scipy statsmodels
-    .venv/bin/python scripts/paired_fixtures.py > crates/ab/tests/fixtures/paired_stats.json
+    .venv/bin/python scripts/paired_fixtures.py > crates/statistics/tests/fixtures/paired_stats.json
 """
 import json
 import sys

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerates crates/ab/tests/fixtures/scipy_stats.json: samples with scipy's answers for
+"""Regenerates crates/statistics/tests/fixtures/scipy_stats.json: samples with scipy's answers for
 Welch's t-test (ttest_ind, equal_var=False) and the chi-squared goodness-of-fit test, which the
 Rust statistics must match to 1e-6.
 
     .venv/bin/pip install scipy
-    .venv/bin/python scripts/stats_fixtures.py > crates/ab/tests/fixtures/scipy_stats.json
+    .venv/bin/python scripts/stats_fixtures.py > crates/statistics/tests/fixtures/scipy_stats.json
 """
 import json
 import sys

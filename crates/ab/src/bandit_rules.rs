@@ -1,9 +1,9 @@
 //! An experiment's bandit (`mode = "bandit"`, `bandit.rs` for the statistics): its settings,
 //! its current weights and the checks of its definition.
 
-use crate::bandit::BanditSettings;
-use crate::bandit::Mode;
 use crate::experiment::{Experiment, Invalid, AUTOMATIC_METRICS};
+use abserve_statistics::bandit::BanditSettings;
+use abserve_statistics::bandit::Mode;
 
 impl Experiment {
     /// A bandit's settings (its own or the defaults); `None` for a fixed experiment.

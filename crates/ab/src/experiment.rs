@@ -50,7 +50,7 @@ pub struct Variant {
     /// variant gets no new units, and its units are served the control, not recorded. A
     /// definition put without it (PUT) restarts the variant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<crate::stop::Harm>,
+    pub stopped: Option<abserve_statistics::Harm>,
 }
 
 /// A guardrail: a metric a treatment must not make worse beyond `tolerance` (a relative change
@@ -131,23 +131,26 @@ pub struct Experiment {
     /// Metric definitions (`[[experiment.metrics]]`: aggregation, direction, cap; see
     /// `metric.rs`); a metric without one is the mean of the unit's values, higher is better.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub metrics: Vec<crate::metric::MetricDef>,
+    pub metrics: Vec<abserve_statistics::MetricDef>,
     /// Metrics a treatment must not make worse; checked continuously by the server, which
     /// stops a treatment significantly worse on one (`guardrail.rs`). Default: `["error"]`.
     #[serde(default = "error_guardrail")]
     pub guardrails: Vec<Guardrail>,
     /// `fixed` (the default) or `bandit`: weights moved by Thompson sampling (`bandit.rs`).
-    #[serde(default, skip_serializing_if = "crate::bandit::Mode::is_fixed")]
-    pub mode: crate::bandit::Mode,
+    #[serde(
+        default,
+        skip_serializing_if = "abserve_statistics::bandit::Mode::is_fixed"
+    )]
+    pub mode: abserve_statistics::bandit::Mode,
     /// The outcome metric a bandit improves (in its definition's direction).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_metric: Option<String>,
     /// A bandit's settings (`[experiment.bandit]`; defaults in `bandit.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandit: Option<crate::bandit::BanditSettings>,
+    pub bandit: Option<abserve_statistics::bandit::BanditSettings>,
     /// A bandit's periods and winner, as the server wrote them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandit_state: Option<crate::bandit::BanditState>,
+    pub bandit_state: Option<abserve_statistics::bandit::BanditState>,
     pub variants: Vec<Variant>,
 }
 
@@ -201,8 +204,8 @@ impl Experiment {
 
     /// Which way is better for `metric`: its definition's direction, else lower for the
     /// automatic `error`, `latency_ms` and `ttft_ms`, else higher.
-    pub fn direction_of(&self, metric: &str) -> crate::metric::Direction {
-        use crate::metric::Direction;
+    pub fn direction_of(&self, metric: &str) -> abserve_statistics::Direction {
+        use abserve_statistics::Direction;
         match self.metrics.iter().find(|m| m.name == metric) {
             Some(d) => d.direction,
             None if ["error", "latency_ms", "ttft_ms"].contains(&metric) => Direction::Lower,

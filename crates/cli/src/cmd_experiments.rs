@@ -171,7 +171,7 @@ pub fn table(r: &abserve_ab::Results) -> String {
 }
 
 /// A bandit's arms (period-weighted estimate, chance of being best, weight) and its winner.
-fn bandit_lines(out: &mut String, b: &abserve_ab::BanditResults) {
+fn bandit_lines(out: &mut String, b: &abserve_statistics::BanditResults) {
     use std::fmt::Write;
     let _ = writeln!(
         out,
@@ -199,7 +199,7 @@ fn bandit_lines(out: &mut String, b: &abserve_ab::BanditResults) {
 
 /// A treatment's CUPED read-out: the adjusted difference, its interval and p, θ and the
 /// variance removed.
-fn cuped_line(out: &mut String, c: &abserve_ab::Cuped) {
+fn cuped_line(out: &mut String, c: &abserve_statistics::Cuped) {
     use std::fmt::Write;
     let w = c.vs_control.as_ref();
     let _ = writeln!(
@@ -230,8 +230,8 @@ fn metric_lines(out: &mut String, m: &str, res: &abserve_ab::MetricResult) {
             "{ratio}  ({} per unit, {} is better{})",
             format!("{:?}", d.aggregation).to_lowercase(),
             match d.direction {
-                abserve_ab::Direction::Higher => "higher",
-                abserve_ab::Direction::Lower => "lower",
+                abserve_statistics::Direction::Higher => "higher",
+                abserve_statistics::Direction::Lower => "lower",
             },
             res.cap_value
                 .map(|c| format!(", capped at {c:.4}"))

@@ -134,7 +134,7 @@ async fn on_a_worker(model: &Path, name: &str) -> Vec<u64> {
     let worker = Guard(worker);
     let counts = eval(&["--amqp".into(), amqp_url(), "--queue".into(), queue.clone()]);
     drop(worker);
-    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+    let conn = abserve_queue::lapin::Connection::connect(&amqp_url(), Default::default())
         .await
         .expect("RabbitMQ reachable (scripts/services.sh)");
     delete_queues(&conn.create_channel().await.unwrap(), &queue).await;

@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use abserve_protocol::names;
+use abserve_queue::lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use abserve_queue::lapin::types::{AMQPValue, FieldTable};
 use futures::StreamExt;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
 use support::{amqp_url, client, delete_queues, exclusive, jsonl, model, tmp};
 
@@ -214,15 +214,18 @@ fn queue_counts(queue: &str) -> (u64, u64) {
     panic!("queue {queue} not listed by rabbitmqctl")
 }
 
-async fn channel() -> (lapin::Connection, lapin::Channel) {
-    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+async fn channel() -> (
+    abserve_queue::lapin::Connection,
+    abserve_queue::lapin::Channel,
+) {
+    let conn = abserve_queue::lapin::Connection::connect(&amqp_url(), Default::default())
         .await
         .expect("RabbitMQ reachable (scripts/services.sh)");
     let ch = conn.create_channel().await.unwrap();
     (conn, ch)
 }
 
-async fn message_count(ch: &lapin::Channel, queue: &str) -> u32 {
+async fn message_count(ch: &abserve_queue::lapin::Channel, queue: &str) -> u32 {
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -234,7 +237,7 @@ async fn message_count(ch: &lapin::Channel, queue: &str) -> u32 {
 }
 
 /// Waits (up to a minute) until `queue` holds at least `jobs` ready messages.
-async fn wait_queued(conn: &lapin::Connection, queue: &str, jobs: u32) {
+async fn wait_queued(conn: &abserve_queue::lapin::Connection, queue: &str, jobs: u32) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // a passive declare of a queue not yet there closes its channel: one channel per try

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use abserve_ab::summarize;
-use abserve_ab::{mcnemar, paired_t, quantile, quantiles, sign_test};
+use abserve_statistics::summarize;
+use abserve_statistics::{mcnemar, paired_t, quantile, quantiles, sign_test};
 use serde::Serialize;
 
 use crate::config::{Better, EvalConfig, ScoreType, Scorer};
@@ -565,7 +565,7 @@ mod tests {
         let c = get("contains");
         assert_eq!((c.test.as_str(), c.pairs), ("mcnemar", 9));
         // pairs 0-8: control-only passes rows 0-2, variant-only rows 6-8
-        let m = abserve_ab::mcnemar(
+        let m = abserve_statistics::mcnemar(
             &[true, true, true, true, true, true, false, false, false],
             &[false, false, false, true, true, true, true, true, true],
         );

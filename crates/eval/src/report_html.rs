@@ -77,7 +77,7 @@ fn latency_chart(s: &Summary) -> String {
         }
         let c = color(i);
         let [p5, p25, p50, p75, p95] =
-            abserve_ab::quantiles(&v.latencies_ms, &[0.05, 0.25, 0.5, 0.75, 0.95])[..]
+            abserve_statistics::quantiles(&v.latencies_ms, &[0.05, 0.25, 0.5, 0.75, 0.95])[..]
         else {
             unreachable!("five quantiles asked")
         };

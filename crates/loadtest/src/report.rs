@@ -31,7 +31,7 @@ fn pct(xs: Vec<f64>, scale: f64) -> Percentiles {
     if xs.is_empty() {
         return Percentiles::default();
     }
-    let q = abserve_ab::quantiles(&xs, &[0.5, 0.95, 0.99, 1.0]);
+    let q = abserve_statistics::quantiles(&xs, &[0.5, 0.95, 0.99, 1.0]);
     Percentiles {
         n: xs.len(),
         p50: q[0] * scale,

@@ -303,6 +303,29 @@ pub struct NamedWinner {
     pub p_values: Vec<(String, f64)>,
 }
 
+/// A bandit's read-out in `/results`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BanditResults {
+    pub decision_metric: String,
+    /// Periods so far (the units before the first update are one more).
+    pub periods: usize,
+    /// Per variant: the period-weighted estimate, its chance of being best, its weight now.
+    pub arms: Vec<Arm>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub winner: Option<NamedWinner>,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Arm {
+    pub variant: String,
+    #[serde(flatten)]
+    pub estimate: Estimate,
+    #[schema(value_type = Option<f64>)]
+    pub chance_best: f64,
+    #[schema(value_type = Option<f64>)]
+    pub weight: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

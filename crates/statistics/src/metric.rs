@@ -61,7 +61,7 @@ pub struct MetricDef {
 /// What the store reads of one unit's values of a metric: their sum and maximum (`None`
 /// without values), how many there are and how many of them are not 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct UnitValues {
+pub struct UnitValues {
     pub sum: Option<f64>,
     pub count: i64,
     pub nonzero: i64,
@@ -94,7 +94,7 @@ const AUTOMATIC: [&str; 5] = [
 
 impl MetricDef {
     /// A problem with the definition, if any.
-    pub(crate) fn invalid(&self) -> Option<String> {
+    pub fn invalid(&self) -> Option<String> {
         if self.name.is_empty()
             || self.name.len() > 64
             || !self
@@ -137,7 +137,7 @@ impl MetricDef {
 
     /// The unit's value from what the store read of its values; `None` for a unit that does
     /// not count under this aggregation.
-    pub(crate) fn unit_value(&self, u: UnitValues) -> Option<f64> {
+    pub fn unit_value(&self, u: UnitValues) -> Option<f64> {
         let UnitValues {
             sum,
             count,
@@ -156,7 +156,7 @@ impl MetricDef {
 
 /// Caps every variant's values at the `p` percentile of all of them; returns the cap (`None`
 /// without values).
-pub(crate) fn winsorise(by_variant: &mut [(String, Vec<f64>)], p: f64) -> Option<f64> {
+pub fn winsorise(by_variant: &mut [(String, Vec<f64>)], p: f64) -> Option<f64> {
     let all: Vec<f64> = by_variant
         .iter()
         .flat_map(|(_, v)| v.iter().copied())

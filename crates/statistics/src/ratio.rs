@@ -12,7 +12,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::experiment::{Invalid, AUTOMATIC_METRICS};
 use crate::stats::{from_moments, Summary};
 
 /// The aggregates of one variant's units for a ratio metric: sums of x and y per unit, taken
@@ -65,42 +64,5 @@ impl RatioMoments {
         let var = vx / y.powi(2) - 2.0 * cxy * x / y.powi(3) + x.powi(2) * vy / y.powi(4);
         // from_moments takes Σ squared deviations = var · (n − 1)
         from_moments(self.n, x / y, var.max(0.0) * (self.n as f64 - 1.0))
-    }
-}
-
-impl crate::experiment::Experiment {
-    /// Ratio metrics: well-formed names that repeat no metric's, a numerator that is not the
-    /// denominator.
-    pub(crate) fn validate_ratios(&self) -> Result<(), Invalid> {
-        let bad = |m: String| Err(Invalid(format!("experiment '{}': {m}", self.name)));
-        let mut ratio_names = std::collections::HashSet::new();
-        for r in &self.ratios {
-            let metric_name = |s: &str| {
-                !s.is_empty()
-                    && s.len() <= 64
-                    && s.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            };
-            if !metric_name(&r.name) || !metric_name(&r.numerator) || !metric_name(&r.denominator) {
-                return bad(format!(
-                    "ratio '{}' ({} / {}): names must be 1-64 characters of letters, digits, '-', '_' or '.'",
-                    r.name, r.numerator, r.denominator
-                ));
-            }
-            if AUTOMATIC_METRICS.contains(&r.name.as_str()) || !ratio_names.insert(r.name.as_str())
-            {
-                return bad(format!("ratio '{}' repeats a metric's name", r.name));
-            }
-            if self.metrics.iter().any(|m| m.name == r.name) {
-                return bad(format!("ratio '{}' repeats a metric's name", r.name));
-            }
-            if r.numerator == r.denominator {
-                return bad(format!(
-                    "ratio '{}' divides '{}' by itself",
-                    r.name, r.numerator
-                ));
-            }
-        }
-        Ok(())
     }
 }

@@ -5,6 +5,9 @@
 use serde::Serialize;
 use statrs::distribution::{ChiSquared, ContinuousCDF, Normal, StudentsT};
 
+/// The level of every interval and test: 95%.
+pub const ALPHA: f64 = 0.05;
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Summary {
     pub n: usize,

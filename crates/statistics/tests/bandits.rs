@@ -9,8 +9,8 @@
 //!   cover the truth (each arm's mean over the same mix of periods) at their level, where
 //!   pooling an arm's units over periods does not (Simpson's paradox).
 
-use abserve_ab::bandit::{estimates, weights, winner, Cell, Settings};
-use abserve_ab::Direction;
+use abserve_statistics::bandit::{estimates, weights, winner, Cell, Settings};
+use abserve_statistics::Direction;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 

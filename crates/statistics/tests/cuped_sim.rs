@@ -7,7 +7,7 @@
 //! - With an effect: the adjusted interval is narrower than the unadjusted one; the variance
 //!   reduction is close to ρ², and the effect is found more often.
 
-use abserve_ab::{cuped, welch, PrePost};
+use abserve_statistics::{cuped, welch, PrePost};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 

@@ -1,7 +1,7 @@
 //! The statistics people may peek at equal GrowthBook's own stats engine (gbstats), confseq and
 //! statsmodels to 1e-6 on committed fixtures (scripts/gbstats_fixtures.py).
 
-use abserve_ab::{
+use abserve_statistics::{
     bayesian, benjamini_hochberg, half_width, holm, sequential, summarize, welch, RatioMoments,
 };
 use serde_json::Value;
@@ -127,7 +127,7 @@ fn ratio_metrics_equal_gbstats_delta_method() {
             &case["treatment_variance"],
             &format!("ratio {i} treatment variance"),
         );
-        let w = abserve_ab::welch_summaries(&c, &t).unwrap();
+        let w = abserve_statistics::welch_summaries(&c, &t).unwrap();
         close(w.p_value, &case["p_value"], &format!("ratio {i} p"));
         close(w.ci_low, &case["ci_low"], &format!("ratio {i} ci_low"));
         close(w.ci_high, &case["ci_high"], &format!("ratio {i} ci_high"));

@@ -5,7 +5,7 @@
 //!   the test reports after how many units;
 //! - an A/A treatment (2% both) is stopped in ≤ 5% of runs, however often the check looks.
 
-use abserve_ab::{harm, summarize, Direction, DEFAULT_TUNING};
+use abserve_statistics::{harm, summarize, Direction, DEFAULT_TUNING};
 use rand::{Rng, SeedableRng};
 
 /// Units until the treatment is stopped (None: never within `max_units`).

@@ -6,7 +6,7 @@
 //! - a known effect: the sequence covers the true difference at every look in ≥ 95% of runs,
 //!   and the power of both (the share of runs that call it by 2,000 units) is printed.
 
-use abserve_ab::{from_moments, sequential, welch_summaries, Summary, DEFAULT_TUNING};
+use abserve_statistics::{from_moments, sequential, welch_summaries, Summary, DEFAULT_TUNING};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal, Normal};
 

@@ -5,7 +5,7 @@
 //! over one value per unit (the unit's mean, what the store computes by default) it stays at
 //! the level.
 
-use abserve_ab::welch;
+use abserve_statistics::welch;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 

@@ -1,6 +1,6 @@
 //! The statistics equal scipy's to 1e-6 on committed fixtures (scripts/stats_fixtures.py).
 
-use abserve_ab::{srm, welch};
+use abserve_statistics::{srm, welch};
 use serde_json::Value;
 
 mod common;
@@ -39,7 +39,7 @@ fn welch_and_chi_squared_equal_scipy() {
 
 #[test]
 fn paired_statistics_equal_scipy_and_statsmodels() {
-    use abserve_ab::{mcnemar, paired_t, sign_test};
+    use abserve_statistics::{mcnemar, paired_t, sign_test};
     let fx: Value = serde_json::from_str(include_str!("fixtures/paired_stats.json")).unwrap();
     for case in fx["ttest_rel"].as_array().unwrap() {
         let r = paired_t(&floats(&case["control"]), &floats(&case["treatment"])).unwrap();

@@ -3,14 +3,13 @@
 //! aggregation; without one, the mean of its events; units without a value are left out), as
 //! `bandit::Cell`s; the update the server runs; what `/results` shows.
 
-use serde::Serialize;
-
 use super::{Pool, Store, StoreError};
-use crate::bandit::{
-    chance_best, estimates, weights, winner, Cell, Estimate, NamedWinner, Period, Settings,
-};
 use crate::experiment::Experiment;
-use crate::metric::{Aggregation, MetricDef};
+use abserve_statistics::bandit::{
+    chance_best, estimates, weights, winner, Arm, BanditResults, Cell, NamedWinner, Period,
+    Settings,
+};
+use abserve_statistics::{Aggregation, MetricDef};
 
 /// Per unit exposed (not forced): variant, time of its first exposure, and of metric `$2` the
 /// sum, count, count not 0 and maximum of its events.
@@ -22,34 +21,11 @@ fn units_sql() -> String {
         WHERE experiment = $1 AND metric = $2 GROUP BY unit)
     SELECT uv.variant, uv.t0, per.s, COALESCE(per.c, 0), COALESCE(per.nz, 0), per.mx
     FROM uv LEFT JOIN per ON per.unit = uv.unit",
-        super::results::nonzero("value")
+        super::nonzero("value")
     )
 }
 
 type UnitRow = (String, f64, Option<f64>, i64, i64, Option<f64>);
-
-/// A bandit's read-out in `/results`.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct BanditResults {
-    pub decision_metric: String,
-    /// Periods so far (the units before the first update are one more).
-    pub periods: usize,
-    /// Per variant: the period-weighted estimate, its chance of being best, its weight now.
-    pub arms: Vec<Arm>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub winner: Option<NamedWinner>,
-}
-
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Arm {
-    pub variant: String,
-    #[serde(flatten)]
-    pub estimate: Estimate,
-    #[schema(value_type = Option<f64>)]
-    pub chance_best: f64,
-    #[schema(value_type = Option<f64>)]
-    pub weight: f64,
-}
 
 impl Store {
     /// The decision metric's cells, `[period][variant]`.
@@ -142,11 +118,11 @@ impl Store {
         let direction = e.direction_of(e.decision_metric.as_deref().unwrap_or(""));
         let tuning = e
             .sequential_tuning
-            .unwrap_or(crate::sequential::DEFAULT_TUNING);
+            .unwrap_or(abserve_statistics::DEFAULT_TUNING);
         let mut next = e.clone();
         let mut state = state;
         let explored = est.iter().all(|x| x.units >= settings.exploration_units);
-        match winner(&est, direction, super::results::ALPHA, tuning).filter(|_| explored) {
+        match winner(&est, direction, abserve_statistics::ALPHA, tuning).filter(|_| explored) {
             Some(w) => {
                 state.winner = Some(NamedWinner {
                     variant: e.variants[w.arm].id.clone(),

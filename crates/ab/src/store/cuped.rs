@@ -7,15 +7,15 @@
 
 use std::collections::BTreeMap;
 
-use crate::cuped::PrePost;
-use crate::metric::{winsorise, Aggregation, MetricDef};
-use crate::stats::Summary;
+use abserve_statistics::PrePost;
+use abserve_statistics::Summary;
+use abserve_statistics::{winsorise, Aggregation, MetricDef};
 
 /// Per unit exposed by the cutoff `$2`: its variant and, of metric `$3`, the sum, count, count
 /// not 0 and maximum of its events from its first exposure on, and of those in the `$4` seconds
 /// before.
 pub(super) fn pre_post_sql() -> String {
-    let nz = super::results::nonzero("value");
+    let nz = super::nonzero("value");
     format!(
         "WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced AND ts <= $2 GROUP BY unit),
     uv AS (SELECT first.unit, x.variant, x.ts AS t0 FROM first JOIN exposures x ON x.id = first.id),

@@ -14,11 +14,11 @@
 
 mod cuped;
 mod error;
+mod location;
 mod results;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,14 +28,19 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-pub use bandit::{Arm, BanditResults};
 pub use error::{StoreCondition, StoreError};
+pub use location::{url_without_password, Location};
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
-    VariantState, ALPHA,
+    VariantState,
 };
 
 use crate::experiment::Experiment;
+
+/// SQL counting the rows of a group whose `column` is not 0 (a binary metric's conversions).
+fn nonzero(column: &str) -> String {
+    format!("SUM(CASE WHEN {column} <> 0 THEN 1 ELSE 0 END)")
+}
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
@@ -117,57 +122,6 @@ fn now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// Where a store lives, from a `--store` value: `postgres://…` (or `postgresql://…`),
-/// `sqlite://FILE`, or a directory (SQLite file `abserve.db` inside).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Location {
-    Sqlite(PathBuf),
-    Postgres(String),
-}
-
-impl FromStr for Location {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Location, StoreError> {
-        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-            Ok(Location::Postgres(s.to_string()))
-        } else if let Some(f) = s.strip_prefix("sqlite://") {
-            Ok(Location::Sqlite(PathBuf::from(f)))
-        } else if s.contains("://") {
-            Err(StoreError::Config(format!(
-                "unsupported store '{s}': use postgres://…, sqlite://FILE or a directory"
-            )))
-        } else {
-            Ok(Location::Sqlite(Path::new(s).join("abserve.db")))
-        }
-    }
-}
-
-impl Location {
-    /// The location without a password.
-    pub fn describe(&self) -> String {
-        match self {
-            Location::Sqlite(p) => format!("sqlite://{}", p.display()),
-            Location::Postgres(u) => match url_without_password(u) {
-                Some(u) => u,
-                None => "postgres://(unparsable url)".into(),
-            },
-        }
-    }
-}
-
-/// A service URL (`postgres://user:pass@host/db`, `amqp://…`) without its password, for logs and
-/// messages; `None` when it has no scheme.
-pub fn url_without_password(u: &str) -> Option<String> {
-    let (scheme, rest) = u.split_once("://")?;
-    Some(match rest.split_once('@') {
-        Some((auth, host)) => {
-            let user = auth.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => u.to_string(),
-    })
 }
 
 /// Whether a SQLite connection given back to the pool may serve again: only when neither SQLite

@@ -12,13 +12,17 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::adjust::{benjamini_hochberg, holm};
-use crate::bayes::{bayesian, Bayesian};
 use crate::experiment::Experiment;
-use crate::metric::{Direction, MetricDef};
-use crate::ratio::RatioMoments;
-use crate::sequential::{sequential, Sequential, DEFAULT_TUNING};
-use crate::stats::{from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary};
+use abserve_statistics::RatioMoments;
+use abserve_statistics::{bayesian, Bayesian};
+use abserve_statistics::{benjamini_hochberg, holm};
+use abserve_statistics::{
+    from_moments, srm, welch_summaries, Comparison, SrmCheck, Summary, ALPHA,
+};
+use abserve_statistics::{sequential, Sequential, DEFAULT_TUNING};
+use abserve_statistics::{Direction, MetricDef};
+
+use super::nonzero;
 
 /// Per unit its variant: the variant of its first non-forced exposure (lowest id).
 const UNIT_VARIANT: &str = "
@@ -131,11 +135,6 @@ fn defined() -> String {
     )
 }
 
-/// SQL counting the rows of a group whose `column` is not 0 (a binary metric's conversions).
-pub(super) fn nonzero(column: &str) -> String {
-    format!("SUM(CASE WHEN {column} <> 0 THEN 1 ELSE 0 END)")
-}
-
 pub(super) fn defined_sql() -> String {
     format!("WITH {UNIT_VARIANT}, {}", defined())
 }
@@ -157,8 +156,10 @@ pub(super) fn defined_summaries(
         }
     }
     let mut by: Vec<(String, Vec<f64>)> = by.into_iter().collect();
-    let cap = def.cap.and_then(|p| crate::metric::winsorise(&mut by, p));
-    let binary = def.aggregation == crate::metric::Aggregation::Binary;
+    let cap = def
+        .cap
+        .and_then(|p| abserve_statistics::winsorise(&mut by, p));
+    let binary = def.aggregation == abserve_statistics::Aggregation::Binary;
     let summaries = by
         .into_iter()
         .map(|(v, xs)| (v, unit_summary(&xs, binary)))
@@ -169,7 +170,7 @@ pub(super) fn defined_summaries(
 /// The summary of units' values; a `binary` metric's variance is p(1 − p), as GrowthBook's
 /// `ProportionStatistic`.
 pub(super) fn unit_summary(xs: &[f64], binary: bool) -> Summary {
-    let s = crate::stats::summarize(xs);
+    let s = abserve_statistics::summarize(xs);
     if binary && s.n > 0 {
         return from_moments(s.n, s.mean, s.mean * (1.0 - s.mean) * (s.n as f64 - 1.0));
     }
@@ -213,9 +214,6 @@ pub(super) fn moments_sql(analysis: Analysis) -> String {
 /// One row of [`moments_sql`].
 pub(super) type MomentRow = (String, String, i64, f64, f64);
 
-/// The level of every interval: 95%.
-pub const ALPHA: f64 = 0.05;
-
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct MetricResult {
     pub summary: Summary,
@@ -238,7 +236,7 @@ pub struct MetricResult {
     /// For a treatment on a metric defined with `cuped = true`: the regression-adjusted read-out
     /// beside the unadjusted one above, with the variance reduction achieved.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cuped: Option<crate::cuped::Cuped>,
+    pub cuped: Option<abserve_statistics::Cuped>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
@@ -277,7 +275,7 @@ pub struct VariantResult {
     /// `active`, or `stopped` by a guardrail (then `stopped` has the evidence).
     pub state: VariantState,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<crate::stop::Harm>,
+    pub stopped: Option<abserve_statistics::Harm>,
     #[schema(value_type = Option<f64>)]
     pub weight: f64,
     pub units: u64,
@@ -309,7 +307,7 @@ pub struct Results {
     pub variants: Vec<VariantResult>,
     /// A bandit's estimates, chances, weights and winner (`mode = "bandit"`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bandit: Option<super::bandit::BanditResults>,
+    pub bandit: Option<abserve_statistics::bandit::BanditResults>,
 }
 
 /// One point of an experiment's history: the results over the first `units` units (those that
@@ -329,7 +327,7 @@ pub(super) struct Defined {
     pub index: usize,
     pub summaries: BTreeMap<String, Summary>,
     pub cap: Option<f64>,
-    pub pre_post: Option<BTreeMap<String, crate::cuped::PrePost>>,
+    pub pre_post: Option<BTreeMap<String, abserve_statistics::PrePost>>,
 }
 
 /// Every metric's summary per variant: the automatic and outcome metrics from their moments,
@@ -411,7 +409,7 @@ fn defined_result(
     if let Some(sums) = &d.pre_post {
         if control != variant {
             if let (Some(c), Some(t)) = (sums.get(control), sums.get(variant)) {
-                r.cuped = crate::cuped::cuped(c, t, ALPHA, tuning);
+                r.cuped = abserve_statistics::cuped(c, t, ALPHA, tuning);
             }
         }
     }

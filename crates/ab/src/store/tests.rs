@@ -258,7 +258,7 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
     for (i, v) in ["a", "b"].iter().enumerate() {
         for (metric, values) in [("score", &scores), ("latency_ms", &latencies)] {
             let got = r.variants[i].metrics[metric].summary;
-            let want = crate::stats::summarize(&values[v]);
+            let want = abserve_statistics::summarize(&values[v]);
             assert_eq!(got.n, want.n, "{metric} {v}");
             for (g, w) in [
                 (got.mean, want.mean),
@@ -272,7 +272,7 @@ async fn sql_aggregates_equal_the_statistics_of_every_value(f: &Fresh) {
             }
         }
     }
-    let want = crate::stats::welch(&scores["a"], &scores["b"]).unwrap();
+    let want = abserve_statistics::welch(&scores["a"], &scores["b"]).unwrap();
     let got = r.variants[1].metrics["score"].vs_control.unwrap();
     assert!((got.p_value - want.p_value).abs() < 1e-9 && (got.diff - want.diff).abs() < 1e-9);
 }
@@ -315,7 +315,7 @@ async fn ratio_metrics_history_and_adjustments_come_from_the_database(f: &Fresh)
     let r = s.results(&e).await.unwrap();
     for (i, v) in ["a", "b", "c"].iter().enumerate() {
         let got = &r.variants[i].metrics["tokens_per_success"];
-        let want = crate::ratio::RatioMoments::of(&pairs[v]).summary();
+        let want = abserve_statistics::RatioMoments::of(&pairs[v]).summary();
         assert_eq!(got.summary.n, want.n);
         for (g, w) in [(got.summary.mean, want.mean), (got.summary.sd, want.sd)] {
             assert!(
@@ -325,8 +325,8 @@ async fn ratio_metrics_history_and_adjustments_come_from_the_database(f: &Fresh)
         }
         assert_eq!(got.ratio.as_ref().unwrap().denominator, "success");
         if i > 0 {
-            let want_p = crate::stats::welch_summaries(
-                &crate::ratio::RatioMoments::of(&pairs["a"]).summary(),
+            let want_p = abserve_statistics::welch_summaries(
+                &abserve_statistics::RatioMoments::of(&pairs["a"]).summary(),
                 &want,
             )
             .unwrap()

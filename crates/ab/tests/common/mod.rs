@@ -2,16 +2,6 @@
 
 use serde_json::Value;
 
-/// A fixture's array of numbers.
-#[allow(dead_code)]
-pub fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 /// `a` equals the fixture's reference value to 1e-6 (relative above 1).
 #[allow(dead_code)]
 pub fn close(a: f64, b: &Value, what: &str) {

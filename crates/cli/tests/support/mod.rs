@@ -361,8 +361,8 @@ pub fn amqp_url() -> String {
 }
 
 /// Deletes a job queue's queues and dead-letter exchange (a test's, when it is done).
-pub async fn delete_queues(ch: &lapin::Channel, queue: &str) {
-    use lapin::options::QueueDeleteOptions;
+pub async fn delete_queues(ch: &abserve_queue::lapin::Channel, queue: &str) {
+    use abserve_queue::lapin::options::QueueDeleteOptions;
     for q in [queue.to_string(), format!("{queue}.dead")] {
         let _ = ch.queue_delete(&q, QueueDeleteOptions::default()).await;
     }
