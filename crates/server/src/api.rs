@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use abserve_engine::prepare::{prepare, Input, Options};
-use abserve_engine::Request;
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
 use abserve_protocol::Sampling;
 use axum::body::Bytes;
@@ -254,20 +253,10 @@ async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, Ap
         Some(r) => (Some(r.experiment.clone()), r.kv_share),
         None => (None, None),
     };
-    // the compiled grammar moves to the engine (the answer needs only the tokens and tools)
     let seqs = req
         .seqs
         .iter_mut()
-        .map(|p| Request {
-            prompt: p.prompt.clone(),
-            params: p.params.clone(),
-            group: group.clone(),
-            priority: false,
-            kv_share,
-            constraint: p.constraint.take(),
-            adapters: p.adapters.clone(),
-            lease: std::mem::take(&mut p.lease),
-        })
+        .map(|p| p.take_request(group.clone(), kv_share))
         .collect();
     let what = match req.kind {
         Kind::Chat => GroupOf::Choices,

@@ -461,7 +461,7 @@ fn fanout_requests(
             .apply(&[ChatMessage::new("user", &b.input)], &defaults)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let model = st.variant_model(v)?;
-        let p = prepare(
+        let mut p = prepare(
             st.engine_at(model),
             Input::Chat(&msgs),
             &sampling,
@@ -469,16 +469,7 @@ fn fanout_requests(
             &Options::new(256),
             st.limits(model),
         )?;
-        let r = Request {
-            prompt: p.prompt,
-            params: p.params,
-            group: Some(exp.name.clone()),
-            priority: false,
-            kv_share: exp.max_kv_share,
-            constraint: p.constraint,
-            adapters: p.adapters,
-            lease: p.lease,
-        };
+        let r = p.take_request(Some(exp.name.clone()), exp.max_kv_share);
         requests.push(((model, r), p.tools));
     }
     Ok((b.input, requests))

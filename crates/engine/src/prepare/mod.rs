@@ -141,12 +141,21 @@ pub struct Prepared {
 
 impl Prepared {
     /// An engine request for this prompt (no fairness group).
-    pub fn request(self) -> Request {
+    pub fn request(mut self) -> Request {
+        self.take_request(None, None)
+    }
+
+    /// The engine request for this prompt in fairness group `group` with its KV share: the one
+    /// place a [`Request`] is made from a prepared prompt. The grammar and the adapters' lease
+    /// move to the request (the answer needs only the tokens and the tools); the rest is copied.
+    pub fn take_request(&mut self, group: Option<String>, kv_share: Option<f64>) -> Request {
         Request {
-            constraint: self.constraint,
-            adapters: self.adapters,
-            lease: self.lease,
-            ..Request::new(self.prompt, self.params)
+            group,
+            kv_share,
+            constraint: self.constraint.take(),
+            adapters: self.adapters.clone(),
+            lease: std::mem::take(&mut self.lease),
+            ..Request::new(self.prompt.clone(), self.params.clone())
         }
     }
 }
