@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates crates/statistics/tests/fixtures/gbstats.json: samples with the answers of GrowthBook's
 own stats engine (gbstats), confseq and statsmodels, which the Rust statistics must match to
-1e-6 (crates/ab/tests/gbstats_fixtures.rs):
+1e-6 (crates/statistics/tests/gbstats_fixtures.rs):
 
 - sequential: gbstats SequentialTwoSidedTTest (absolute difference) — confidence sequence and
   always-valid p-value — and confseq's two-sided normal mixture bound for the same width;

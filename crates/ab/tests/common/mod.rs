@@ -2,17 +2,11 @@
 
 use serde_json::Value;
 
-/// `a` equals the fixture's reference value to 1e-6 (relative above 1).
-#[allow(dead_code)]
-pub fn close(a: f64, b: &Value, what: &str) {
-    let b = b
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what}: no reference value"));
-    assert!(
-        (a - b).abs() <= 1e-6 * b.abs().max(1.0),
-        "{what}: {a} vs reference {b}"
-    );
-}
+// the fixture comparison of the statistics' tests (one rule for every fixture: 1e-6)
+#[path = "../../../statistics/tests/common/mod.rs"]
+mod fixtures;
+#[allow(unused_imports)]
+pub use fixtures::close;
 
 /// The experiment `name` of variants `a` and `b` with one `[[experiment.metrics]]` table per
 /// fixture case's `definition` (name, aggregation, direction, and cap and cuped where given).
