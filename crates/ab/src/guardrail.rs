@@ -6,7 +6,7 @@
 //!
 //! An experiment lists its guardrails (`guardrails = ["error", { metric = "thumbs_down",
 //! tolerance = 0.1 }]`, default `["error"]`). The server runs the check continuously and stops
-//! what it finds (`abserve_server`'s `guardrails.rs`).
+//! what it finds (`abserve_server`'s `periodic.rs`).
 
 use abserve_statistics::{harm, Harm, ALPHA, DEFAULT_TUNING};
 

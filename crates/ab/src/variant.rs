@@ -17,6 +17,22 @@ pub struct VariantError {
     pub message: String,
 }
 
+/// A request's prompt: a conversation (chat, fan-out) or a completions prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Chat(Vec<Message>),
+    Text(String),
+}
+
+/// What a request asks of a model: its prompt, sampling settings and answer structure — as the
+/// client sent it, or as a variant sends it ([`Variant::apply`]).
+#[derive(Debug, Clone)]
+pub struct Asked {
+    pub prompt: Prompt,
+    pub sampling: Sampling,
+    pub structure: Structure,
+}
+
 impl Variant {
     fn err(&self, message: String) -> VariantError {
         VariantError {
@@ -55,14 +71,20 @@ impl Variant {
         }
     }
 
-    /// A chat request as this variant sends it: its conversation ([`Variant::chat`]) and its
-    /// sampling settings over the request's.
-    pub fn apply(
-        &self,
-        messages: &[Message],
-        sampling: &Sampling,
-    ) -> Result<(Vec<Message>, Sampling), VariantError> {
-        Ok((self.chat(messages)?, sampling.overlaid(&self.sampling())))
+    /// A request as this variant sends it — the one way a variant is applied, for chat,
+    /// completions and fan-out alike: its prompt ([`Variant::chat`] for a conversation,
+    /// [`Variant::completion_prompt`] for a completions prompt), its sampling settings over the
+    /// request's, its `response_format` and tools over the request's.
+    pub fn apply(&self, request: Asked) -> Result<Asked, VariantError> {
+        let prompt = match &request.prompt {
+            Prompt::Chat(m) => Prompt::Chat(self.chat(m)?),
+            Prompt::Text(t) => Prompt::Text(self.completion_prompt(t)?),
+        };
+        Ok(Asked {
+            prompt,
+            sampling: request.sampling.overlaid(&self.sampling()),
+            structure: request.structure.overlaid(&self.structure()),
+        })
     }
 
     /// A conversation as this variant sends it: its system prompt (when it has one) replaces
@@ -186,7 +208,12 @@ mod tests {
             top_p: Some(0.5),
             ..Default::default()
         };
-        let (_, s) = v.apply(&[Message::new("user", "hi")], &req).unwrap();
+        let asked = Asked {
+            prompt: Prompt::Chat(vec![Message::new("user", "hi")]),
+            sampling: req.clone(),
+            structure: Structure::default(),
+        };
+        let s = v.apply(asked).unwrap().sampling;
         assert_eq!(
             (s.temperature, s.top_p, s.max_tokens),
             (Some(0.5), Some(0.5), Some(9))

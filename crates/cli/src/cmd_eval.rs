@@ -214,8 +214,8 @@ async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
             let engines =
                 tokio::task::spawn_blocking(move || abserve_engine::models::start_all(models))
                     .await??;
-            let engines = abserve_engine::call::Engines::new(engines);
-            Source::Target(Arc::new(Target::Engine(Arc::new(engines))))
+            let registry = abserve_models::Registry::local(engines).map_err(anyhow::Error::msg)?;
+            Source::Target(Arc::new(Target::Engine(Arc::new(registry))))
         }
     })
 }

@@ -1,13 +1,16 @@
-//! `abserve generate`: runs every prompt at once on one in-process engine and prints each
+//! `abserve generate`: runs every prompt at once on one in-process engine (a registry of one
+//! model, prepared and submitted as `serve` does) and prints each
 //! output with its token counts and timings, plus the memory plan and the measured peak RSS.
 
 use std::io::BufRead;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use abserve_engine::plan::{human_bytes, peak_rss};
-use abserve_engine::prepare::{Input, Options, Prepared};
+use abserve_engine::prepare::{Input, Options};
 use abserve_engine::{ChatMessage, Engine};
+use abserve_models::{Entry, Prepared, Registry};
 use abserve_protocol::{Sampling, Structure};
 use anyhow::Context;
 use clap::Args;
@@ -80,8 +83,8 @@ fn options(a: &GenerateArgs, logprobs: Option<u32>, ignore_eos: Option<bool>) ->
     }
 }
 
-/// Every prompt, prepared as the server prepares a request (`abserve_engine::prepare`).
-fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepared>> {
+/// Every prompt, prepared by the registry's model as the server prepares a request.
+fn load_prompts(a: &GenerateArgs, model: &Entry) -> anyhow::Result<Vec<Prepared>> {
     let base = base_sampling(a);
     let mut jobs = Vec::new();
     for (i, p) in a.prompts.iter().enumerate() {
@@ -91,8 +94,14 @@ fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepare
         } else {
             Input::Text(p)
         };
-        let job = engine
-            .prepare(input, &base, &Structure::default(), &options(a, None, None))
+        let job = model
+            .prepare(
+                input,
+                &base,
+                &Structure::default(),
+                &options(a, None, None),
+                usize::MAX,
+            )
             .map_err(|e| anyhow::anyhow!("--prompt {}: {}: {e}", i + 1, e.field))?;
         jobs.push(job);
     }
@@ -112,12 +121,13 @@ fn load_prompts(a: &GenerateArgs, engine: &Engine) -> anyhow::Result<Vec<Prepare
                 (None, Some(m)) => Input::Chat(m),
                 _ => anyhow::bail!("{}: give exactly one of prompt or messages", at()),
             };
-            let job = engine
+            let job = model
                 .prepare(
                     input,
                     &sampling,
                     &pl.structure,
                     &options(a, pl.logprobs, pl.ignore_eos),
+                    usize::MAX,
                 )
                 .map_err(|e| anyhow::anyhow!("{}: {}: {e}", at(), e.field))?;
             jobs.push(job);
@@ -185,14 +195,18 @@ fn print_output(
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let cfg = a.model.engine_config()?;
-    let engine = Engine::start(cfg)?;
-    let jobs = load_prompts(&a, &engine)?;
+    let engine = Arc::new(Engine::start(cfg)?);
+    let registry = Registry::local(vec![("default".to_string(), engine.clone())])
+        .map_err(anyhow::Error::msg)?;
+    let model = registry.default_entry();
+    let jobs = load_prompts(&a, model)?;
     // validate everything before any work starts
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
-        let rx = engine
-            .submit(j.clone().request())
-            .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?;
+        let rx = model
+            .submit(vec![j.clone()], None, None)
+            .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?
+            .remove(0);
         receivers.push(rx);
     }
     let started = Instant::now();

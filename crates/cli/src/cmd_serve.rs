@@ -111,16 +111,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         a.keep_stored_experiments,
         poll,
     ))?;
-    let (engines, metrics) = abserve_server::start_models(models)?;
-    let all: Vec<(&str, &dyn abserve_server::EngineApi)> = engines
-        .iter()
-        .map(|(id, e)| (id.as_str(), e as &dyn abserve_server::EngineApi))
-        .collect();
-    ab.check(&all)?;
-    let (model_id, engine) = engines[0].clone();
-    let context = engine.plan().context as usize;
+    let (registry, metrics) = abserve_server::start_models(models)?;
+    ab.check(&registry)?;
+    let context = registry.default_entry().capacity().context;
     let config = ServerConfig {
-        model_id,
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),
         api_key: a.api_key.filter(|k| !k.is_empty()),
         body_limit: a.body_limit,
@@ -131,8 +125,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cors_origins: a.cors_origins.clone(),
         guardrail_interval: Duration::from_secs_f64(a.guardrail_interval),
     };
-    let others = abserve_server::other_models(&engines);
-    let state = AppState::with_models(engine, others, metrics, config, Some(ab));
+    let state = AppState::new(registry, metrics, config, Some(ab));
     let addr = SocketAddr::new(a.host, a.port);
     rt.block_on(abserve_server::serve(
         state.clone(),
@@ -141,7 +134,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         |bound| {
             tracing::info!(
                 "listening on http://{bound} (model id '{}')",
-                state.config.model_id
+                state.models.default_entry().id
             );
             // a line tests and scripts can wait for
             println!("abserve: listening on http://{bound}");

@@ -55,24 +55,22 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         Some(addr) => Some(rt.block_on(tokio::net::TcpListener::bind(addr))?),
         None => None,
     };
-    let (engines, metrics) = abserve_server::start_models(a.model.model_configs()?)?;
-    let (model_id, engine) = engines[0].clone();
-    for (id, e) in &engines {
-        let plan = e.plan();
-        eprintln!(
-            "worker: model '{id}' loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
-            plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
-        );
+    let (registry, metrics) = abserve_server::start_models(a.model.model_configs()?)?;
+    for m in registry.iter() {
+        if let Some(plan) = m.plan() {
+            eprintln!(
+                "worker: model '{}' loaded; {} sequence slots, planned {} bytes on the host (budget {} bytes)",
+                m.id, plan.seq_slots, plan.host_planned_bytes, plan.budget_bytes
+            );
+        }
     }
-    let others = abserve_server::other_models(&engines);
-    let engines = Arc::new(abserve_engine::call::Engines::new(engines));
-    let slots = engines.seq_slots();
+    let slots = registry.seq_slots() as u64;
     let tally = Arc::new(Tally::default());
     let ops = match listener {
         Some(listener) => {
             export_tally(&metrics, tally.clone())?;
-            let config = ServerConfig::operations(model_id);
-            let state = AppState::with_models(engine.clone(), others, metrics, config, None);
+            let config = ServerConfig::operations();
+            let state = AppState::new(registry.clone(), metrics, config, None);
             eprintln!(
                 "worker: /health, /ready and /metrics on http://{}",
                 listener.local_addr()?
@@ -100,7 +98,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     let worked = rt.block_on(worker::work(
-        engines,
+        Arc::new(registry),
         slots.min(u16::MAX as u64) as u16,
         opts,
         tally.clone(),

@@ -104,7 +104,7 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
             .text()
             .await
             .unwrap();
-        // and the guardrails' count of stopped variants (guardrails.rs, at start, then every 10 s)
+        // and the guardrails' count of stopped variants (periodic.rs, at start, then every 10 s)
         if text.contains("abserve_experiment_srm_p_value{")
             && text.contains("abserve_experiment_variants_stopped{")
         {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use abserve_protocol::{Sampling, Structure, Tool};
+use abserve_protocol::Tool;
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -25,7 +25,7 @@ use crate::llama::{
     LlamaError, Model,
 };
 use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
-use crate::prepare::{self, Input, Limits, Options, PrepareError, Prepared, Tokenizer};
+use crate::prepare::{self, Tokenizer};
 use crate::request::{Event, Request, SubmitError};
 use crate::scheduler::{
     EngineStats, InFlight, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
@@ -353,25 +353,6 @@ impl Engine {
         prepare::text_tokens(self, text)
     }
 
-    /// An input and its sampling settings as a request of this engine's context (the one
-    /// preparation stage: [`crate::prepare`]).
-    pub fn prepare(
-        &self,
-        input: Input<'_>,
-        sampling: &Sampling,
-        structure: &Structure,
-        options: &Options,
-    ) -> Result<Prepared, PrepareError> {
-        prepare::prepare(
-            self,
-            input,
-            sampling,
-            structure,
-            options,
-            Limits::context(self.plan.context as usize),
-        )
-    }
-
     /// Queues a request; events arrive on the returned channel. Dropping the receiver cancels
     /// the request and frees its KV cells within one step.
     pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
@@ -409,16 +390,7 @@ impl Engine {
 
     /// What the engine itself requires of a request (the server's validation comes first).
     fn check(&self, req: &Request) -> Result<(), SubmitError> {
-        if req.prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        let context = self.plan.context as usize;
-        if req.prompt.len() >= context {
-            return Err(SubmitError::PromptTooLong {
-                prompt: req.prompt.len(),
-                context,
-            });
-        }
+        crate::request::prompt_fits(req.prompt.len(), self.plan.context as usize)?;
         req.params
             .validate()
             .map_err(|(n, m)| SubmitError::Invalid(n, m))?;

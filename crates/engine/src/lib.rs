@@ -11,15 +11,12 @@
 //!   docs/engine.md), with [`EngineStats`] as the only shared state;
 //! - [`prepare`]: the one preparation stage every caller goes through (messages or a prompt →
 //!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
-//! - [`call`]: an eval call (messages and sampling) run to the end on this engine, as eval in
-//!   process and `abserve worker` run them;
 //! - [`models`]: several base models in one process, one budget divided between them;
 //! - `lanes`: adapter lanes, the slots divided between contexts on the one model that each
 //!   apply their own LoRA adapter set and decode side by side;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
 pub mod adapters;
-pub mod call;
 mod chat;
 mod collect;
 mod config;

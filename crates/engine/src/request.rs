@@ -44,6 +44,20 @@ impl Request {
     }
 }
 
+/// The prompt rule every request meets, whoever built it: not empty, and shorter than one
+/// sequence's `context` (a token must fit after it). The preparation stage applies it first,
+/// naming the field (`prepare::fit_context`); the engine again for requests made by hand
+/// (`Engine::check`).
+pub fn prompt_fits(prompt: usize, context: usize) -> Result<(), SubmitError> {
+    if prompt == 0 {
+        return Err(SubmitError::EmptyPrompt);
+    }
+    if prompt >= context {
+        return Err(SubmitError::PromptTooLong { prompt, context });
+    }
+    Ok(())
+}
+
 /// Whether a group of `members` submitted together (`Engine::submit_group`) is admitted in one
 /// step, all or none: it must fit the `seq_slots` at once. A larger group can never run at once;
 /// it is accepted whole and its members run as slots free.

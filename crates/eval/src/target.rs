@@ -19,7 +19,7 @@ pub struct Http {
 }
 
 pub enum Target {
-    Engine(Arc<abserve_engine::call::Engines>),
+    Engine(Arc<abserve_models::Registry>),
     Http(Http),
 }
 
@@ -50,7 +50,7 @@ impl Http {
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
         // what eval computes itself is checked the same way as in process: a call the engine
         // would refuse is not sent
-        sampling_params(&call.sampling, &abserve_engine::call::options())
+        sampling_params(&call.sampling, &abserve_models::call::options())
             .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
         let body = ChatRequest {
             common: Common {
@@ -108,7 +108,7 @@ impl Target {
     pub async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
         match self {
             Target::Http(h) => h.chat(call).await,
-            Target::Engine(e) => abserve_engine::call::chat(e, call).await,
+            Target::Engine(e) => abserve_models::call::chat(e, call).await,
         }
     }
 
@@ -159,7 +159,7 @@ impl Target {
             Target::Engine(e) => {
                 let models: Vec<String> = e
                     .iter()
-                    .map(|(id, e)| format!("{id}: {}", e.model_path().display()))
+                    .map(|m| format!("{}: {}", m.id, m.origin()))
                     .collect();
                 format!("in-process engine ({})", models.join(", "))
             }

@@ -88,7 +88,7 @@ pub const WORKER_JOBS_IN_HAND: &str = "abserve_worker_jobs_in_hand";
 pub const WORKER_JOB_SECONDS: &str = "abserve_worker_job_seconds_total";
 
 /// Every series of an abserve server starts with this.
-/// Treatments stopped by a guardrail (`guardrails.rs`), in all; and per experiment the
+/// Treatments stopped by a guardrail (`periodic.rs`), in all; and per experiment the
 /// variants stopped now (label `experiment`).
 pub const GUARDRAIL_STOPS: &str = "abserve_guardrail_stops_total";
 pub const EXPERIMENT_VARIANTS_STOPPED: &str = "abserve_experiment_variants_stopped";

@@ -5,7 +5,7 @@
 //! - [`run`]: one eval run's side: its jobs published with confirms, its results read (jobs the
 //!   broker dead-lettered included), each acked once the caller keeps it;
 //! - [`worker`]: `abserve worker`, which answers jobs on the one engine of its process
-//!   (`abserve_engine::call`, the same path eval runs in process), a result durable before
+//!   (`abserve_models::call`, the same path eval runs in process), a result durable before
 //!   every ack.
 //!
 //! The messages themselves ([`abserve_protocol::jobs`]) are protocol types: `abserve eval

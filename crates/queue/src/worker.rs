@@ -1,5 +1,5 @@
 //! `abserve worker`: runs queued eval jobs on the engine in this process, each prepared and run
-//! as eval runs it in process (`abserve_engine::call`).
+//! as eval runs it in process (`abserve_models::call`).
 //!
 //! Back-pressure: the consumer's prefetch is the plan's sequence slots, so the broker never
 //! hands this worker more jobs than it can run at once; a full worker takes nothing more and
@@ -24,7 +24,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 
-use abserve_engine::call::Engines;
+use abserve_models::Registry;
 use abserve_protocol::calls::CallError;
 use abserve_protocol::jobs::{Job, JobResult};
 
@@ -72,7 +72,7 @@ impl Drop for InHand {
 }
 
 struct Ctx {
-    engines: Arc<Engines>,
+    engines: Arc<Registry>,
     publish: Channel,
     queues: Queues,
     max_failures: u32,
@@ -113,7 +113,7 @@ async fn take(ctx: Arc<Ctx>, d: Delivery) -> Result<(), QueueError> {
 /// Consumes jobs until `stop` resolves or the broker closes the consumer; then finishes the
 /// jobs in hand (acking each) and returns.
 pub async fn work(
-    engines: Arc<Engines>,
+    engines: Arc<Registry>,
     slots: u16,
     opts: Options,
     tally: Arc<Tally>,
@@ -198,7 +198,7 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), QueueError> {
         }
     };
     let answer = loop {
-        match abserve_engine::call::chat(&ctx.engines, &job.call).await {
+        match abserve_models::call::chat(&ctx.engines, &job.call).await {
             // the prefetch keeps the engine from filling up; another caller may still have
             Err(CallError::Overloaded { .. }) => {
                 tokio::time::sleep(Duration::from_millis(100)).await

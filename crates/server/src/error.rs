@@ -49,16 +49,6 @@ impl ApiError {
             e => Self::unavailable(e.to_string()),
         }
     }
-    /// A request the preparation stage refused: 400 naming the field, or 429 when it is valid
-    /// but what it needs is held by running requests now (`PrepareError::retry`).
-    pub fn prepare(e: PrepareError) -> Self {
-        if e.retry {
-            let mut r = Self::overloaded(e.message, 1);
-            r.param = Some(e.field);
-            return r;
-        }
-        Self::invalid_param(&e.field, e.message)
-    }
     pub fn unauthorized() -> Self {
         let mut e = Self::new(
             StatusCode::UNAUTHORIZED,
@@ -153,7 +143,14 @@ impl IntoResponse for ApiError {
 }
 
 impl From<PrepareError> for ApiError {
+    /// A request the preparation stage refused: 400 naming the field, or 429 when it is valid
+    /// but what it needs is held by running requests now (`PrepareError::retry`).
     fn from(e: PrepareError) -> Self {
-        ApiError::prepare(e)
+        if e.retry {
+            let mut r = ApiError::overloaded(e.message, 1);
+            r.param = Some(e.field);
+            return r;
+        }
+        ApiError::invalid_param(&e.field, e.message)
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use abserve_engine::plan::current_rss;
-use abserve_engine::{Request, SamplingParams};
 use abserve_protocol::abserve::{Health, Ready, ReadyDevice, ReadyMemory, ReadyPlan};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -16,24 +15,25 @@ use axum::Json;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Liveness: every model's engine thread is alive.
+/// Liveness: every model of the registry can answer.
 #[utoipa::path(get, path = "/health", responses((status = 200, body = Health)))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let ids = state.model_ids();
-    match state.engines().zip(&ids).find(|(e, _)| !e.is_alive()) {
+    match state
+        .models
+        .iter()
+        .find_map(|m| m.alive().err().map(|why| (&m.id, why)))
+    {
         None => Json(Health {
             status: "ok".into(),
         })
         .into_response(),
-        Some((e, id)) => {
-            let cause = e.failure().map_or(String::new(), |c| format!(" ({c})"));
-            let whose = if ids.len() > 1 {
-                format!(" of model '{id}'")
+        Some((id, why)) => {
+            let whose = if state.models.len() > 1 {
+                format!("Model '{id}': ")
             } else {
                 String::new()
             };
-            ApiError::unavailable(format!("The engine thread{whose} has stopped{cause}."))
-                .into_response()
+            ApiError::unavailable(format!("{whose}{why}.")).into_response()
         }
     }
 }
@@ -44,22 +44,25 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     }
     let t0 = Instant::now();
     // every model answers a real 1-token generation
-    for (i, id) in state.model_ids().iter().enumerate() {
-        probe_model(state.engine_at(i))
+    for m in state.models.iter() {
+        m.probe()
             .await
-            .map_err(|e| format!("model '{id}': {e}"))?;
+            .map_err(|e| format!("model '{}': {e}", m.id))?;
     }
     let latency = t0.elapsed();
-    let plan = state.engine.plan();
+    let model = state.models.default_entry();
     let rss = current_rss();
-    // the models' budgets are shares of one budget (`models.rs`): the process is held to the sum
-    let limit: u64 = state.engines().map(|e| e.plan().budget_bytes).sum();
-    let planned: u64 = state.engines().map(|e| e.plan().planned_bytes).sum();
-    let margin: u64 = state.engines().map(|e| e.plan().margin_bytes).sum();
-    let s = state.engine.stats();
+    // the budgets of the models this process runs are shares of one budget (`models.rs`): the
+    // process is held to the sum
+    let limit: u64 = state.models.plans().map(|p| p.budget_bytes).sum();
+    let planned: u64 = state.models.plans().map(|p| p.planned_bytes).sum();
+    let margin: u64 = state.models.plans().map(|p| p.margin_bytes).sum();
+    let s = model.stats();
+    let capacity = model.capacity();
+    let plan = model.plan();
     let body = Ready {
         status: "ready".into(),
-        model: state.config.model_id.clone(),
+        model: model.id.clone(),
         probe_latency_ms: latency.as_secs_f64() * 1e3,
         memory: ReadyMemory {
             rss_bytes: rss,
@@ -68,20 +71,20 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
             margin_bytes: margin,
         },
         plan: ReadyPlan {
-            kv_cells: plan.kv_cells,
-            context: plan.context,
-            full_context_sequences: plan.full_context_sequences,
-            seq_slots: plan.seq_slots,
-            kv_cells_per_slot: plan.kv_cells_per_slot,
-            kv_unified: plan.kv_unified,
+            kv_cells: plan.map_or(0, |p| p.kv_cells),
+            context: capacity.context as u64,
+            full_context_sequences: plan.map_or(0, |p| p.full_context_sequences),
+            seq_slots: capacity.seq_slots as u64,
+            kv_cells_per_slot: plan.map_or(0, |p| p.kv_cells_per_slot),
+            kv_unified: plan.is_some_and(|p| p.kv_unified),
         },
         kv_cells_used: s.kv_cells_used,
         running: s.running,
         waiting: s.waiting,
-        max_queue: state.engine.max_queue() as u64,
+        max_queue: capacity.max_queue as u64,
         device: device_state(state),
     };
-    if rss > limit {
+    if limit > 0 && rss > limit {
         return Err(format!(
             "resident memory {rss} B is above the budget {limit} B"
         ));
@@ -98,41 +101,10 @@ async fn probe(state: &AppState) -> Result<Ready, String> {
     Ok(body)
 }
 
-/// One model's real 1-token generation through its scheduler's priority lane.
-async fn probe_model(engine: &dyn crate::engine_api::EngineApi) -> Result<(), String> {
-    if !engine.is_alive() {
-        return Err("engine thread has stopped".into());
-    }
-    let prompt = abserve_engine::prepare::text_tokens(engine, "ready");
-    let req = Request {
-        prompt,
-        params: SamplingParams::greedy(1),
-        group: None,
-        priority: true,
-        kv_share: None,
-        constraint: None,
-        adapters: Default::default(),
-        lease: Default::default(),
-    };
-    let rx = engine
-        .submit(req)
-        .map_err(|e| format!("probe not accepted: {e}"))?;
-    match tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        abserve_engine::collect(rx),
-    )
-    .await
-    {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(format!("probe generation failed: {e}")),
-        Err(_) => return Err("probe generation took longer than 30 s".into()),
-    }
-    Ok(())
-}
-
 /// The device's memory now and its plan, when layers are offloaded.
 fn device_state(state: &AppState) -> Option<ReadyDevice> {
-    let (dev, plan) = (state.engine.device()?, state.engine.plan().device.as_ref()?);
+    let model = state.models.default_entry();
+    let (dev, plan) = (model.tokens()?.device()?, model.plan()?.device.as_ref()?);
     let m = dev.memory();
     Some(ReadyDevice {
         name: m.name.clone(),
@@ -148,8 +120,9 @@ fn device_state(state: &AppState) -> Option<ReadyDevice> {
 
 fn device_sum(state: &AppState, part: fn(&abserve_engine::plan::DevicePlan) -> u64) -> u64 {
     state
-        .engines()
-        .filter_map(|e| e.plan().device.as_ref().map(part))
+        .models
+        .plans()
+        .filter_map(|p| p.device.as_ref().map(part))
         .sum()
 }
 

@@ -1,44 +1,43 @@
-//! abserve's HTTP server: an OpenAI-compatible API over the one shared engine, with
-//! back-pressure, health, readiness and Prometheus metrics. No model code here.
+//! abserve's HTTP server, in two rooms over one model registry (`abserve_models::Registry`):
 //!
-//! Request path: [`routes`](crate::routes) → validation (`validate`) → routing to an experiment's
-//! variant (`experiments`) → admission (`state`) → the engine → a whole or streamed response
-//! (`api`) → the exposure. A server may serve several models (`state::OtherModel`): a request or
-//! a variant names one, and its engine takes it. See docs/architecture.md. The experiment dashboard (`dashboard`) is
-//! served at `/` from assets embedded in the binary.
+//! - `inference`: the OpenAI API (chat completions, completions, models) and the fan-out —
+//!   validation, admission with back-pressure, whole and streamed answers;
+//! - `experiments`: the control plane — definitions, routing of units, exposures, events,
+//!   results, the periodic work (guardrails, bandits, sample ratio) and the dashboard. The
+//!   inference API reaches it through one interface: route a request to a variant, record the
+//!   outcome.
+//!
+//! Around them: `state` (the shared state: registry, metrics, settings, shutdown, readiness
+//! cache, drain rate), `routes` (the router: both rooms under `/v1` behind the API key, the
+//! pages, the operations routes), `health` (`/health`, `/ready`, `/metrics`), `metrics` and
+//! `model_metrics` (Prometheus), `serve` (listening, draining), `start` (the models of a
+//! process), `body` (a JSON body parsed once), `prep` (the blocking pool's share for
+//! preparation), `auth`, `error` (OpenAI's error shape), `openapi`. No model code here. See
+//! docs/architecture.md.
 
-mod abstate;
 mod adapter_metrics;
-mod api;
 mod auth;
-mod bandits;
-mod body_rules;
-mod dashboard;
-mod engine_api;
+mod body;
 mod error;
 mod experiments;
-mod guardrails;
 mod health;
+mod inference;
 mod metrics;
 mod model_metrics;
 mod openapi;
-mod respond;
+mod prep;
 mod routes;
 mod serve;
 mod start;
 mod state;
-mod tool_calls;
-mod valid;
-mod validate;
 
 #[cfg(test)]
 mod tests;
 
-pub use abstate::AbState;
-pub use engine_api::EngineApi;
 pub use error::ApiError;
+pub use experiments::{AbState, ControlPlane};
 pub use metrics::Metrics;
 pub use routes::{ops_router, router};
 pub use serve::{serve, serve_ops};
-pub use start::{other_models, start_engine, start_models};
-pub use state::{AppState, OtherModel, ServerConfig};
+pub use start::{start_engine, start_models};
+pub use state::{AppState, ServerConfig};

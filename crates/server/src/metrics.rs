@@ -363,9 +363,11 @@ impl Metrics {
         )
     }
 
-    /// Adds a model's series (label `model`): every model of a server, the default too.
-    pub fn add_model(&self, id: &str, engine: &abserve_engine::Engine) {
-        self.models.add(id, engine.plan(), engine.stats_handle());
+    /// Adds the series of every model of the registry (label `model`), the default too.
+    pub fn add_models(&self, registry: &abserve_models::Registry) {
+        for e in registry.iter() {
+            self.models.add(e.clone());
+        }
     }
 
     /// Adds the collector of another part of the process (the worker's job counters).

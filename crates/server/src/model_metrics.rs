@@ -1,20 +1,14 @@
-//! Per-model series of `/metrics` (label `model`): every model a server serves, the default
-//! too, with its plan (budget, planned bytes, KV cells) and its engine's KV cells in use,
-//! queue and tokens. The unlabelled engine series (`abserve_kv_cells_used`, …) stay the
+//! Per-model series of `/metrics` (label `model`): every model of the registry, the default
+//! too, with its plan where this process runs it (budget, planned bytes, KV cells) and its
+//! KV cells in use, queue and tokens. The unlabelled engine series (`abserve_kv_cells_used`, …) stay the
 //! default model's, as they were before a server could hold several. The label's values are
 //! the `--model` ids: bounded by the operator.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use abserve_engine::plan::MemoryPlan;
-use abserve_engine::EngineStats;
+use abserve_models::Entry;
 use abserve_protocol::names;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-
-struct Model {
-    id: String,
-    stats: Arc<EngineStats>,
-}
 
 pub(crate) struct ModelSeries {
     budget: IntGaugeVec,
@@ -26,7 +20,7 @@ pub(crate) struct ModelSeries {
     prompt_tokens: IntCounterVec,
     generated_tokens: IntCounterVec,
     set_changes: IntCounterVec,
-    models: Mutex<Vec<Model>>,
+    models: Mutex<Vec<Entry>>,
 }
 
 impl ModelSeries {
@@ -70,30 +64,31 @@ impl ModelSeries {
         })
     }
 
-    /// Adds a model: its plan's constants now, its engine's figures at every scrape.
-    pub(crate) fn add(&self, id: &str, plan: &MemoryPlan, stats: Arc<EngineStats>) {
-        self.budget
-            .with_label_values(&[id])
-            .set(plan.budget_bytes as i64 + plan.device_budget_bytes.unwrap_or(0) as i64);
-        self.planned
-            .with_label_values(&[id])
-            .set(plan.planned_bytes as i64);
-        self.kv_cells
-            .with_label_values(&[id])
-            .set(plan.kv_cells as i64);
+    /// Adds a model: its plan's constants now (a model this process runs), its figures at
+    /// every scrape.
+    pub(crate) fn add(&self, model: Entry) {
+        let id = [model.id.as_str()];
+        if let Some(plan) = model.plan() {
+            self.budget
+                .with_label_values(&id)
+                .set(plan.budget_bytes as i64 + plan.device_budget_bytes.unwrap_or(0) as i64);
+            self.planned
+                .with_label_values(&id)
+                .set(plan.planned_bytes as i64);
+            self.kv_cells
+                .with_label_values(&id)
+                .set(plan.kv_cells as i64);
+        }
         self.models
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(Model {
-                id: id.to_string(),
-                stats,
-            });
+            .push(model);
     }
 
     /// Copies every model's engine figures (before rendering).
     pub(crate) fn copy(&self) {
         for m in self.models.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let s = m.stats.snapshot();
+            let s = m.stats();
             let id = [m.id.as_str()];
             self.kv_cells_used
                 .with_label_values(&id)

@@ -18,7 +18,9 @@ use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::OpenApi;
 
-use crate::{api, dashboard, experiments, health};
+use crate::experiments::{dashboard, routes as experiments};
+use crate::health;
+use crate::inference::{api, fanout};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -32,10 +34,10 @@ use crate::{api, dashboard, experiments, health};
         api::models,
         experiments::list,
         experiments::create,
-        experiments::get,
+        experiments::get_one,
         experiments::put,
         experiments::delete,
-        experiments::fanout,
+        fanout::fanout,
         experiments::events,
         experiments::results,
         dashboard::engine,
@@ -78,7 +80,7 @@ use crate::{api, dashboard, experiments, health};
         Deleted,
         Health,
         SseEvent,
-        experiments::FanoutBody,
+        fanout::FanoutBody,
     ))
 )]
 struct ApiDoc;

@@ -23,44 +23,34 @@ use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::error::ApiError;
+use crate::inference::{api, fanout};
 use crate::state::AppState;
-use crate::{api, auth, dashboard, experiments, health, openapi};
+use crate::{auth, experiments, health, openapi};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.body_limit;
-    let v1 = Router::new()
+    let control = state.experiments.clone();
+    let inference = Router::new()
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/models", get(api::models))
-        .route(
-            "/experiments",
-            get(experiments::list).post(experiments::create),
-        )
-        .route(
-            "/experiments/{name}",
-            get(experiments::get)
-                .put(experiments::put)
-                .delete(experiments::delete),
-        )
-        .route("/experiments/{name}/fanout", post(experiments::fanout))
-        .route("/experiments/{name}/events", post(experiments::events))
-        .route("/experiments/{name}/results", get(experiments::results))
-        .route("/experiments/{name}/history", get(dashboard::history))
-        .route("/experiments/{name}/exposures", get(dashboard::exposures))
-        .route("/engine", get(dashboard::engine))
+        .route("/experiments/{name}/fanout", post(fanout::fanout))
+        .with_state(state.clone());
+    let v1 = inference
+        .merge(experiments::api(control.clone()))
         .route_layer(from_fn(require_json))
         .route_layer(from_fn_with_state(state.clone(), auth::require_key));
-    let fallback_state = state.clone();
-    let mut app = Router::new()
-        .nest("/v1", v1)
-        .route("/", get(dashboard::index))
-        .route("/dashboard/app.js", get(dashboard::script))
-        .route("/dashboard/app.css", get(dashboard::style))
-        .route("/dashboard/config.json", get(dashboard::config))
+    let operations = Router::new()
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(openapi::openapi_json))
+        .with_state(state.clone());
+    let fallback_state = state.clone();
+    let mut app = Router::new()
+        .nest("/v1", v1)
+        .merge(experiments::pages(control))
+        .merge(operations)
         .route_layer(from_fn_with_state(state.clone(), count))
         .fallback(move || async move {
             fallback_state.metrics.count("unmatched", 404);
@@ -73,11 +63,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     if let Some(cors) = cors(&state.config.cors_origins) {
         app = app.layer(cors);
     }
-    app.with_state(state)
+    app
 }
 
-/// The operations routes alone, `/health`, `/ready` and `/metrics` (the same handlers as
-/// [`router`]'s), for a process that holds a model but serves no API: `abserve worker --listen`.
 pub fn ops_router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health::health))

@@ -29,9 +29,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     on_bound(listener.local_addr()?);
     state.spawn_drain_meter();
-    state.spawn_srm_meter();
-    state.spawn_experiment_sync();
-    state.spawn_guardrails();
+    state.experiments.spawn();
     let app = router(state.clone());
     let mut http = Builder::new(TokioExecutor::new());
     http.http1()
@@ -85,18 +83,18 @@ pub async fn serve(
     Ok(())
 }
 
-/// Resolves once the engine thread has died (it does not stop before the server does), with
-/// the cause it left.
+/// Resolves once a model can no longer answer (an engine thread died; it does not stop before
+/// the server does), with the cause it left.
 async fn engine_died(state: &AppState) -> String {
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tick.tick().await;
-        if !state.engine.is_alive() {
-            let cause = state
-                .engine
-                .failure()
-                .unwrap_or_else(|| "it stopped without a cause".into());
-            return format!("the engine thread died: {cause}");
+        if let Some((id, why)) = state
+            .models
+            .iter()
+            .find_map(|m| m.alive().err().map(|why| (&m.id, why)))
+        {
+            return format!("model '{id}': {why}");
         }
     }
 }
@@ -153,8 +151,12 @@ async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize)
     let deadline = tokio::time::Instant::now() + state.config.drain_timeout;
     // requests in the engine first: their connections close once the answers are out
     loop {
-        let s = state.engine.stats();
-        if (s.running == 0 && s.waiting == 0) || tokio::time::Instant::now() >= deadline {
+        let busy = state
+            .models
+            .iter()
+            .map(|m| m.stats())
+            .any(|s| s.running > 0 || s.waiting > 0);
+        if !busy || tokio::time::Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -162,13 +164,17 @@ async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize)
     match tokio::time::timeout_at(deadline, graceful.shutdown()).await {
         Ok(()) => tracing::info!("drained: every connection closed"),
         Err(_) => {
-            let s = state.engine.stats();
+            let (running, waiting) = state
+                .models
+                .iter()
+                .map(|m| m.stats())
+                .fold((0, 0), |(r, w), s| (r + s.running, w + s.waiting));
             tracing::warn!(
                 "drain timeout of {:?} reached: cutting {} open connections ({} sequences running, {} waiting)",
                 state.config.drain_timeout,
                 open.load(Ordering::SeqCst),
-                s.running,
-                s.waiting
+                running,
+                waiting
             );
         }
     }

@@ -1,4 +1,4 @@
-//! The one engine of a process and its metrics, started the same way by `abserve serve` and
+//! The models of a process (its registry) and their metrics, started the same way by `abserve serve` and
 //! `abserve worker` (whose `--listen` serves the same `/health`, `/ready` and `/metrics`).
 
 use std::sync::Arc;
@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use abserve_engine::models::ModelConfig;
 use abserve_engine::{Engine, EngineConfig};
+use abserve_models::Registry;
 
 use crate::metrics::Metrics;
-use crate::state::{OtherModel, ServerConfig};
+use crate::state::ServerConfig;
 
 /// Plans, loads the model once and starts the engine thread, with every engine step observed
 /// by the metrics' step histogram.
@@ -32,11 +33,8 @@ pub fn start_engine(cfg: EngineConfig) -> anyhow::Result<(Engine, Arc<Metrics>)>
 
 /// Starts every model of a process (`--model ID=FILE`, repeated): all their plans are checked
 /// before the first loads (`models.rs`), then each is loaded once, the first with the metrics'
-/// step histogram; every model gets its `model`-labelled series. Answers the engines by id,
-/// the default first, and the metrics.
-pub fn start_models(
-    models: Vec<ModelConfig>,
-) -> anyhow::Result<(Vec<(String, Arc<Engine>)>, Arc<Metrics>)> {
+/// step histogram. Answers the registry (the default model first) and the metrics.
+pub fn start_models(models: Vec<ModelConfig>) -> anyhow::Result<(Registry, Arc<Metrics>)> {
     abserve_engine::models::check_all(&models)?;
     let mut models = models.into_iter();
     let first = models
@@ -47,33 +45,18 @@ pub fn start_models(
     for m in models {
         engines.push((m.id, Arc::new(Engine::start(m.config)?)));
     }
-    for (id, e) in &engines {
-        metrics.add_model(id, e);
-    }
     if let Some(budget) = abserve_engine::prepare::Tokenizer::adapters(&*engines[0].1) {
         crate::adapter_metrics::add(&metrics, budget.clone(), engines[0].1.stats_handle())?;
     }
-    Ok((engines, metrics))
-}
-
-/// The models beside the first, as the server's state holds them.
-pub fn other_models(engines: &[(String, Arc<Engine>)]) -> Vec<OtherModel> {
-    engines
-        .iter()
-        .skip(1)
-        .map(|(id, e)| OtherModel {
-            id: id.clone(),
-            engine: Box::new(e.clone()),
-        })
-        .collect()
+    let registry = Registry::local(engines).map_err(anyhow::Error::msg)?;
+    Ok((registry, metrics))
 }
 
 impl ServerConfig {
     /// What the operations routes read in a process that serves no API (`abserve worker`): the
-    /// model's id, the readiness cache and the time limits; no API key, no request bodies.
-    pub fn operations(model_id: String) -> ServerConfig {
+    /// readiness cache and the time limits; no API key, no request bodies.
+    pub fn operations() -> ServerConfig {
         ServerConfig {
-            model_id,
             queue_timeout: Duration::from_secs(30),
             api_key: None,
             body_limit: 0,

@@ -6,8 +6,8 @@
 use super::{Pool, Store, StoreError};
 use crate::experiment::Experiment;
 use abserve_statistics::bandit::{
-    chance_best, estimates, weights, winner, Arm, BanditResults, Cell, NamedWinner, Period,
-    Settings,
+    chance_best, estimates, weights, winner, Arm, BanditResults, Cell, Estimate, NamedWinner,
+    Period, Settings,
 };
 use abserve_statistics::{Aggregation, MetricDef};
 
@@ -115,40 +115,58 @@ impl Store {
             return Ok(None);
         }
         let est = estimates(&self.bandit_cells(e).await?);
-        let direction = e.direction_of(e.decision_metric.as_deref().unwrap_or(""));
-        let tuning = e
-            .sequential_tuning
-            .unwrap_or(abserve_statistics::DEFAULT_TUNING);
-        let mut next = e.clone();
-        let mut state = state;
-        let explored = est.iter().all(|x| x.units >= settings.exploration_units);
-        match winner(&est, direction, abserve_statistics::ALPHA, tuning).filter(|_| explored) {
-            Some(w) => {
-                state.winner = Some(NamedWinner {
-                    variant: e.variants[w.arm].id.clone(),
-                    at: now,
-                    units: est.iter().map(|x| x.units).sum(),
-                    p_values: w
-                        .p_values
-                        .iter()
-                        .map(|(k, p)| (e.variants[*k].id.clone(), *p))
-                        .collect(),
-                });
-            }
-            None => {
-                let s = Settings {
-                    exploration_units: settings.exploration_units,
-                    floor: settings.floor,
-                };
-                state.periods.push(Period {
-                    start: now,
-                    weights: weights(&est, direction, &s),
-                });
-            }
-        }
-        next.bandit_state = Some(state);
-        Ok(Some(next))
+        Ok(next_bandit(e, &est, now))
     }
+}
+
+/// A bandit's next state from its arms' estimates at `now` (seconds since the epoch): the
+/// winner when the stopping rule names one once every arm is explored, else the next period's
+/// Thompson weights; `None` for a fixed experiment, a bandit with a winner, or one whose
+/// period is not over.
+pub fn next_bandit(e: &Experiment, est: &[Estimate], now: f64) -> Option<Experiment> {
+    let settings = e.bandit_settings()?;
+    let state = e.bandit_state.clone().unwrap_or_default();
+    if state.winner.is_some()
+        || state
+            .periods
+            .last()
+            .is_some_and(|p| now - p.start < settings.update_seconds)
+    {
+        return None;
+    }
+    let direction = e.direction_of(e.decision_metric.as_deref().unwrap_or(""));
+    let tuning = e
+        .sequential_tuning
+        .unwrap_or(abserve_statistics::DEFAULT_TUNING);
+    let mut next = e.clone();
+    let mut state = state;
+    let explored = est.iter().all(|x| x.units >= settings.exploration_units);
+    match winner(est, direction, abserve_statistics::ALPHA, tuning).filter(|_| explored) {
+        Some(w) => {
+            state.winner = Some(NamedWinner {
+                variant: e.variants[w.arm].id.clone(),
+                at: now,
+                units: est.iter().map(|x| x.units).sum(),
+                p_values: w
+                    .p_values
+                    .iter()
+                    .map(|(k, p)| (e.variants[*k].id.clone(), *p))
+                    .collect(),
+            });
+        }
+        None => {
+            let s = Settings {
+                exploration_units: settings.exploration_units,
+                floor: settings.floor,
+            };
+            state.periods.push(Period {
+                start: now,
+                weights: weights(est, direction, &s),
+            });
+        }
+    }
+    next.bandit_state = Some(state);
+    Some(next)
 }
 
 impl Store {

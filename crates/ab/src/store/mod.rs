@@ -28,6 +28,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
 pub use location::{url_without_password, Location};
 pub use results::{

@@ -28,7 +28,7 @@ use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 use crate::adapters::{adapter_set, AdapterBudget, AdapterLease, AdapterSet};
 use crate::chat::ChatTemplateError;
 use crate::grammar::{Constraint, Grammars};
-use crate::request::Request;
+use crate::request::{Request, SubmitError};
 use crate::sampler::SamplingParams;
 use crate::tools::{ToolFormat, ToolUse};
 
@@ -249,18 +249,26 @@ pub fn fit_context(
 ) -> Result<(), PrepareError> {
     let ctx = limits.context;
     let limit = limits.max_prompt_tokens.min(ctx.saturating_sub(1));
-    if prompt.is_empty() {
-        return Err(PrepareError::new("prompt", "The prompt is empty."));
-    }
-    if prompt.len() > limit {
-        return Err(PrepareError::new(
+    let too_long = || {
+        PrepareError::new(
             field,
             format!(
                 "This model's maximum context length is {ctx} tokens and prompts may have at most {limit} tokens; your prompt has {} tokens.",
                 prompt.len()
             ),
         )
-        .beyond(limit, prompt.len()));
+        .beyond(limit, prompt.len())
+    };
+    // the engine's rule (empty, or no room for a token after it), then the server's own limit
+    match crate::request::prompt_fits(prompt.len(), ctx) {
+        Err(SubmitError::EmptyPrompt) => {
+            return Err(PrepareError::new("prompt", "The prompt is empty."))
+        }
+        Err(_) => return Err(too_long()),
+        Ok(()) => {}
+    }
+    if prompt.len() > limits.max_prompt_tokens {
+        return Err(too_long());
     }
     let room = ctx - prompt.len();
     if !explicit_max {

@@ -178,7 +178,7 @@ impl EngineStats {
     }
 }
 
-#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, PartialEq, Eq)]
 pub struct StatsSnapshot {
     pub kv_cells_total: u64,
     pub kv_cells_used: u64,

@@ -17,7 +17,7 @@ use abserve_engine::{
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::engine_api::EngineApi;
+use abserve_models::EngineApi;
 
 /// What the fake answers: the bytes of this text, one token each.
 pub const ANSWER: &[u8] = b"hello world";

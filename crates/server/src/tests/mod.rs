@@ -2,6 +2,7 @@
 //! checks what a client sees (status, OpenAI's shapes, exact token counts) and what reached the
 //! engine.
 
+mod elsewhere;
 mod engine_death;
 mod experiments;
 mod fake;
@@ -48,18 +49,26 @@ async fn app_with(
     experiments: Option<&str>,
     device: Option<Arc<abserve_engine::device::FakeDevice>>,
 ) -> App {
+    app_of(experiments, device, vec![]).await
+}
+
+/// A server over the fake engine (model `fake`, the default) and the registry entries `others`.
+async fn app_of(
+    experiments: Option<&str>,
+    device: Option<Arc<abserve_engine::device::FakeDevice>>,
+    others: Vec<abserve_models::Entry>,
+) -> App {
     let ctl = Arc::new(Control::default());
     let fake = Fake::with_device(ctl.clone(), device);
     let stats = Arc::new(abserve_engine::EngineStats::default());
     let metrics = Metrics::new(
-        crate::engine_api::EngineApi::plan(&fake),
+        abserve_models::EngineApi::plan(&fake),
         stats,
         Metrics::engine_step_histogram().unwrap(),
-        crate::engine_api::EngineApi::device(&fake),
+        abserve_models::EngineApi::device(&fake),
     )
     .unwrap();
     let config = ServerConfig {
-        model_id: "fake".into(),
         queue_timeout: Duration::from_secs(5),
         api_key: None,
         body_limit: 1 << 20,
@@ -93,7 +102,13 @@ async fn app_with(
         }
         None => (None, None),
     };
-    let state = AppState::new(fake, metrics, config, ab);
+    let fake = abserve_models::Entry {
+        id: "fake".into(),
+        model: Arc::new(abserve_models::Local(fake)),
+    };
+    let models =
+        abserve_models::Registry::new(std::iter::once(fake).chain(others).collect()).unwrap();
+    let state = AppState::new(models, metrics, config, ab);
     App {
         router: router(state.clone()),
         state,

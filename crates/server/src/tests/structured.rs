@@ -2,7 +2,7 @@
 //! grammars): every field that would change the answer is honoured or refused by name, a bad
 //! grammar is a 400 naming `response_format`, and a good one reaches the engine compiled.
 
-use crate::body_rules::UNSUPPORTED;
+use crate::inference::body_rules::UNSUPPORTED;
 
 use super::*;
 

@@ -22,12 +22,12 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::ControlPlane;
 use crate::error::ApiError;
-use crate::state::AppState;
 
-const INDEX: &str = include_str!("../dashboard/index.html");
-const SCRIPT: &str = include_str!("../dashboard/app.js");
-const STYLE: &str = include_str!("../dashboard/app.css");
+const INDEX: &str = include_str!("../../dashboard/index.html");
+const SCRIPT: &str = include_str!("../../dashboard/app.js");
+const STYLE: &str = include_str!("../../dashboard/app.css");
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
@@ -58,8 +58,8 @@ pub async fn style() -> Response {
 
 /// What the page needs to know before it asks for data: whether to ask for a key first (the
 /// same fact a 401 from `/v1` would tell).
-pub async fn config(State(state): State<Arc<AppState>>) -> Response {
-    let mut r = Json(json!({"auth_required": state.config.api_key.is_some()})).into_response();
+pub async fn config(State(cp): State<Arc<ControlPlane>>) -> Response {
+    let mut r = Json(json!({"auth_required": cp.auth_required})).into_response();
     r.headers_mut().insert(
         header::CACHE_CONTROL,
         header::HeaderValue::from_static("no-store"),
@@ -67,35 +67,45 @@ pub async fn config(State(state): State<Arc<AppState>>) -> Response {
     r
 }
 
-/// The model's live state, for the dashboard's gauges (polled every second).
+/// The default model's live state, for the dashboard's gauges (polled every second), and the
+/// id and owner of every model of the registry.
 #[utoipa::path(get, path = "/v1/engine", responses((status = 200, body = Object)))]
-pub async fn engine(State(state): State<Arc<AppState>>) -> Response {
-    let plan = state.engine.plan();
-    let s = state.engine.stats();
+pub async fn engine(State(cp): State<Arc<ControlPlane>>) -> Response {
+    let model = cp.models.default_entry();
+    let plan = model.plan();
+    let s = model.stats();
     // per experiment in flight; its quota is in its definition (GET /v1/experiments/NAME)
-    let experiments: Vec<Value> = state
+    let experiments: Vec<Value> = cp
         .metrics
         .experiment_kv()
         .into_iter()
         .map(|(name, now, peak)| json!({"name": name, "kv_cells": now, "kv_cells_peak": peak}))
         .collect();
-    let device = state.engine.device().map(|d| {
+    let device_plan = plan.and_then(|p| p.device.as_ref());
+    let device = model.tokens().and_then(|t| t.device()).map(|d| {
         let m = d.memory();
         json!({"name": m.name, "total_bytes": m.total_bytes, "free_bytes": m.free_bytes, "used_bytes": m.used_bytes(),
-               "planned_bytes": plan.device.as_ref().map(|p| p.planned_bytes), "budget_bytes": plan.device.as_ref().map(|p| p.budget_bytes)})
+               "planned_bytes": device_plan.map(|p| p.planned_bytes), "budget_bytes": device_plan.map(|p| p.budget_bytes)})
     });
+    let models: Vec<Value> = cp
+        .models
+        .iter()
+        .map(|m| json!({"id": m.id, "owned_by": m.owned_by()}))
+        .collect();
     Json(json!({
-        "model": state.config.model_id,
-        "uptime_s": state.started.elapsed().as_secs_f64(),
-        "alive": state.engine.is_alive(),
+        "model": model.id,
+        "models": models,
+        "uptime_s": cp.started.elapsed().as_secs_f64(),
+        "alive": model.alive().is_ok(),
         "memory": {"resident_bytes": current_rss(), "peak_resident_bytes": peak_rss(),
-                   "planned_bytes": plan.planned_bytes, "budget_bytes": plan.budget_bytes, "margin_bytes": plan.margin_bytes},
+                   "planned_bytes": plan.map(|p| p.planned_bytes), "budget_bytes": plan.map(|p| p.budget_bytes),
+                   "margin_bytes": plan.map(|p| p.margin_bytes)},
         "kv": {"total": s.kv_cells_total, "used": s.kv_cells_used, "cached": s.kv_cells_cached,
                "free": s.kv_cells_total.saturating_sub(s.kv_cells_used + s.kv_cells_cached), "peak": s.kv_cells_peak},
         "running": s.running,
         "waiting": s.waiting,
-        "max_queue": state.engine.max_queue(),
-        "seq_slots": plan.seq_slots,
+        "max_queue": model.capacity().max_queue,
+        "seq_slots": model.capacity().seq_slots,
         "generated_tokens": s.generated_tokens,
         "prompt_tokens": s.prompt_tokens,
         "completed": s.completed,
@@ -113,7 +123,7 @@ pub struct HistoryQuery {
 /// The results over the first k, 2k, … units and all of them, up to `points` (1-100, default 20).
 #[utoipa::path(get, path = "/v1/experiments/{name}/history", params(("name" = String, Path, description = "the experiment's name"), ("points" = Option<usize>, Query, description = "most points, 1-100 (default 20)")), responses((status = 200, body = Object)))]
 pub async fn history(
-    State(state): State<Arc<AppState>>,
+    State(cp): State<Arc<ControlPlane>>,
     UrlPath(name): UrlPath<String>,
     Query(q): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
@@ -124,7 +134,7 @@ pub async fn history(
             "points must be between 1 and 100",
         ));
     }
-    let (ab, e) = crate::experiments::ab_and_experiment(&state, &name)?;
+    let (ab, e) = (cp.ab()?, cp.find(&name)?);
     Ok(
         Json(json!({"experiment": e.name, "points": ab.store().history(&e, points).await?}))
             .into_response(),
@@ -139,7 +149,7 @@ pub struct ExposuresQuery {
 /// The latest exposures, newest first (1-500, default 50).
 #[utoipa::path(get, path = "/v1/experiments/{name}/exposures", params(("name" = String, Path, description = "the experiment's name"), ("limit" = Option<u32>, Query, description = "most exposures, 1-500 (default 50)")), responses((status = 200, body = Object)))]
 pub async fn exposures(
-    State(state): State<Arc<AppState>>,
+    State(cp): State<Arc<ControlPlane>>,
     UrlPath(name): UrlPath<String>,
     Query(q): Query<ExposuresQuery>,
 ) -> Result<Response, ApiError> {
@@ -150,6 +160,6 @@ pub async fn exposures(
             "limit must be between 1 and 500",
         ));
     }
-    let (ab, e) = crate::experiments::ab_and_experiment(&state, &name)?;
+    let (ab, e) = (cp.ab()?, cp.find(&name)?);
     Ok(Json(json!({"experiment": e.name, "exposures": ab.store().recent_exposures(&e.name, limit).await?})).into_response())
 }

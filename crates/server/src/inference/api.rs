@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use abserve_engine::prepare::{prepare, Input, Options};
+use abserve_ab::{Asked, Prompt};
+use abserve_engine::prepare::{Input, Options};
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
 use abserve_protocol::Sampling;
 use axum::body::Bytes;
@@ -12,17 +13,18 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::body_rules::{
-    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, PromptInput,
+use super::admission::{admit_group, GroupOf};
+use super::body_rules::{
+    chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, parse_openai,
+    PromptInput,
 };
+use super::request::{Kind, ValidRequest};
+use super::respond::{collect_response, now_secs, stream_response};
 use crate::error::ApiError;
-use crate::experiments::route;
-use crate::respond::{collect_response, now_secs, stream_response};
-use crate::state::{AppState, GroupOf};
-use crate::valid::{Kind, Routed, ValidRequest};
-use crate::validate::parse_openai;
+use crate::experiments::Routed;
+use crate::state::AppState;
 
-/// The model a request names: its id as answers carry it, and its index (`AppState::model_index`).
+/// The model a request names: its id as answers carry it, and its position in the registry.
 fn check_model(state: &AppState, model: &Option<String>) -> Result<(String, usize), ApiError> {
     let Some(m) = model else {
         return Err(ApiError::invalid_param(
@@ -30,8 +32,8 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(String, usiz
             "you must provide a model parameter",
         ));
     };
-    match state.model_index(m) {
-        Some(i) => Ok((state.model_ids()[i].clone(), i)),
+    match state.models.index(m) {
+        Some(i) => Ok((state.models.at(i).id.clone(), i)),
         None => Err(ApiError::model_not_found(m)),
     }
 }
@@ -68,7 +70,10 @@ fn route_experiment(
     headers: &HeaderMap,
 ) -> Result<(abserve_ab::Variant, Routed), ApiError> {
     let unit = |e: &abserve_ab::Experiment| unit_of(e, common, header(headers, "x-abserve-unit"));
-    let (e, i, routed) = route(state, name, unit, header(headers, "x-abserve-variant"))?;
+    let (e, i, routed) =
+        state
+            .experiments
+            .route(name, unit, header(headers, "x-abserve-variant"))?;
     Ok((e.variants[i].clone(), routed))
 }
 
@@ -87,41 +92,63 @@ fn request_sampling(c: &Common, default_max: u32, logprobs: Option<u32>) -> (Sam
     (sampling, options)
 }
 
+/// Where a request goes and what it asks there: the model it names, as the client sent it, or
+/// for `experiment:NAME` the routed variant's model with the variant applied (the one
+/// application for chat, completions and fan-out: `Variant::apply`). Answers the request as
+/// it will run, the model's id as answers carry it, its position in the registry, and the
+/// routing.
+fn resolve(
+    state: &AppState,
+    common: &Common,
+    headers: &HeaderMap,
+    asked: Asked,
+) -> Result<(Asked, String, usize, Option<Routed>), ApiError> {
+    match experiment_name(&common.model) {
+        Some(name) => {
+            let (v, routed) = route_experiment(state, name, common, headers)?;
+            let asked = v
+                .apply(asked)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let i = state.experiments.variant_model(&v)?;
+            Ok((asked, format!("experiment:{name}"), i, Some(routed)))
+        }
+        None => {
+            let (id, i) = check_model(state, &common.model)?;
+            Ok((asked, id, i, None))
+        }
+    }
+}
+
 fn chat_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
 ) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_openai(body)?;
-    let mut messages = chat_messages(&req)?;
+    let messages = chat_messages(&req)?;
     let n = n_choices(req.common.n)?;
-    let (mut sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
-    let mut structure = req.common.structure.clone();
-    let (model, model_index, routed) = match experiment_name(&req.common.model) {
-        Some(name) => {
-            let (v, routed) = route_experiment(state, name, &req.common, headers)?;
-            (messages, sampling) = v
-                .apply(&messages, &sampling)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            structure = structure.overlaid(&v.structure());
-            let i = state.variant_model(&v)?;
-            (format!("experiment:{name}"), i, Some(routed))
-        }
-        None => {
-            let (id, i) = check_model(state, &req.common.model)?;
-            (id, i, None)
-        }
+    let (sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
+    let asked = Asked {
+        prompt: Prompt::Chat(messages),
+        sampling,
+        structure: req.common.structure.clone(),
     };
-    let p = prepare(
-        state.engine_at(model_index),
-        Input::Chat(&messages),
-        &sampling,
-        &structure,
+    let (asked, model, model_index, routed) = resolve(state, &req.common, headers, asked)?;
+    let Prompt::Chat(messages) = &asked.prompt else {
+        return Err(ApiError::internal(
+            "a variant turned a conversation into text",
+        ));
+    };
+    let p = state.models.at(model_index).prepare(
+        Input::Chat(messages),
+        &asked.sampling,
+        &asked.structure,
         &options,
-        state.limits(model_index),
+        state.config.max_prompt_tokens,
     )?;
     Ok(ValidRequest {
         seqs: vec![p; n],
+        n,
         model,
         model_index,
         stream: req.common.stream,
@@ -139,48 +166,49 @@ fn completion_request(
 ) -> Result<ValidRequest, ApiError> {
     let req: CompletionRequest = parse_openai(body)?;
     let n = n_choices(req.common.n)?;
-    let (mut model, mut model_index) = (String::new(), 0);
-    if experiment_name(&req.common.model).is_none() {
-        (model, model_index) = check_model(state, &req.common.model)?;
-    }
-    let mut prompts = completion_prompts(&req, n, state.engine_at(model_index).n_vocab())?;
-    let (mut sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);
-    let mut structure = req.common.structure.clone();
-    let routed = match experiment_name(&req.common.model) {
-        Some(name) => {
-            let (v, routed) = route_experiment(state, name, &req.common, headers)?;
-            let [PromptInput::Text(text)] = prompts.as_slice() else {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    "experiments take a single text prompt",
-                ));
-            };
-            let text = v
-                .completion_prompt(text)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            prompts = vec![PromptInput::Text(text)];
-            sampling = sampling.overlaid(&v.sampling());
-            structure = structure.overlaid(&v.structure());
-            model = format!("experiment:{name}");
-            model_index = state.variant_model(&v)?;
-            Some(routed)
-        }
-        None => None,
+    let experiment = experiment_name(&req.common.model).is_some();
+    // token ids are checked against the vocabulary of the model named (an experiment's
+    // variants take text only)
+    let vocab_of = match experiment {
+        true => 0,
+        false => check_model(state, &req.common.model)?.1,
     };
+    let n_vocab = state.models.at(vocab_of).tokens().map(|t| t.n_vocab());
+    let mut prompts = completion_prompts(&req, n, n_vocab)?;
+    let (sampling, options) = request_sampling(&req.common, 16, completion_logprobs(&req)?);
+    let first = match prompts.as_slice() {
+        [PromptInput::Text(text)] => text.clone(),
+        _ if experiment => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "experiments take a single text prompt",
+            ))
+        }
+        _ => String::new(),
+    };
+    let asked = Asked {
+        prompt: Prompt::Text(first),
+        sampling,
+        structure: req.common.structure.clone(),
+    };
+    let (asked, model, model_index, routed) = resolve(state, &req.common, headers, asked)?;
+    if let (Some(_), Prompt::Text(text)) = (&routed, &asked.prompt) {
+        prompts = vec![PromptInput::Text(text.clone())];
+    }
     let mut seqs = Vec::with_capacity(prompts.len() * n);
     for p in &prompts {
-        let p = prepare(
-            state.engine_at(model_index),
+        let p = state.models.at(model_index).prepare(
             p.into(),
-            &sampling,
-            &structure,
+            &asked.sampling,
+            &asked.structure,
             &options,
-            state.limits(model_index),
+            state.config.max_prompt_tokens,
         )?;
         seqs.extend(std::iter::repeat_n(p, n));
     }
     Ok(ValidRequest {
         seqs,
+        n,
         model,
         model_index,
         stream: req.common.stream,
@@ -197,7 +225,7 @@ fn completion_request(
 ))]
 pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let r = match state
-        .prepare(move |st| chat_request(st, &body, &headers))
+        .off_thread(move |st| chat_request(st, &body, &headers))
         .await
     {
         Ok(req) => run(state.clone(), req).await,
@@ -216,7 +244,7 @@ pub async fn completions(
     body: Bytes,
 ) -> Response {
     let r = match state
-        .prepare(move |st| completion_request(st, &body, &headers))
+        .off_thread(move |st| completion_request(st, &body, &headers))
         .await
     {
         Ok(req) => run(state.clone(), req).await,
@@ -230,13 +258,13 @@ pub async fn completions(
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     let created = now_secs();
     let data = state
-        .model_ids()
-        .into_iter()
-        .map(|id| Model {
-            id,
+        .models
+        .iter()
+        .map(|m| Model {
+            id: m.id.clone(),
             object: "model".into(),
             created,
-            owned_by: "abserve".into(),
+            owned_by: m.owned_by().into(),
         })
         .collect();
     Json(ModelList {
@@ -246,24 +274,18 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// Admits every sequence of the request as one group (all or none: see [`AppState::admit_group`]),
+/// Admits every sequence of the request as one group (all or none: see [`admit_group`]),
 /// then answers.
-async fn run(state: Arc<AppState>, mut req: ValidRequest) -> Result<Response, ApiError> {
-    let (group, kv_share) = match &req.routed {
-        Some(r) => (Some(r.experiment.clone()), r.kv_share),
-        None => (None, None),
-    };
-    let seqs = req
-        .seqs
-        .iter_mut()
-        .map(|p| p.take_request(group.clone(), kv_share))
-        .collect();
+async fn run(state: Arc<AppState>, req: ValidRequest) -> Result<Response, ApiError> {
+    let group = req
+        .routed
+        .as_ref()
+        .map(|r| (r.experiment.clone(), r.kv_share));
     let what = match req.kind {
         Kind::Chat => GroupOf::Choices,
         Kind::Text => GroupOf::Completions,
     };
-    let rxs = state
-        .admit_group(req.model_index, seqs, what)
+    let rxs = admit_group(&state, req.model_index, req.seqs.clone(), group, what)
         .await?
         .into_iter()
         .map(|a| a.rx)

@@ -11,6 +11,8 @@ use abserve_engine::prepare::{Input, PrepareError};
 use abserve_protocol::wire::{ChatRequest, CompletionRequest, Content, Prompt};
 use abserve_protocol::ChatMessage;
 
+use crate::error::ApiError;
+
 pub const MAX_N: i64 = 16;
 pub const MAX_MESSAGES: usize = 1024;
 /// Text of all messages together, in bytes (a prompt this long fits no context we serve).
@@ -175,7 +177,7 @@ pub fn completion_logprobs(r: &CompletionRequest) -> Result<Option<u32>, Prepare
 pub fn completion_prompts(
     r: &CompletionRequest,
     n: usize,
-    n_vocab: usize,
+    n_vocab: Option<usize>,
 ) -> Result<Vec<PromptInput>, PrepareError> {
     if r.echo {
         // it used to be accepted and ignored; a client that asks for its prompt back must know
@@ -184,8 +186,14 @@ pub fn completion_prompts(
             "echo is not supported; the prompt is not repeated in the answer",
         ));
     }
-    let vocab = n_vocab as i64;
     let ids = |ids: &[i64]| -> Result<PromptInput, PrepareError> {
+        // token ids mean something only to a vocabulary this process holds
+        let Some(vocab) = n_vocab.map(|n| n as i64) else {
+            return Err(PrepareError::new(
+                "prompt",
+                "this model tokenizes elsewhere: give the prompt as text",
+            ));
+        };
         ids.iter()
             .map(|&t| {
                 if (0..vocab).contains(&t) {
@@ -315,4 +323,10 @@ impl<'a> From<&'a PromptInput> for Input<'a> {
             PromptInput::Tokens(t) => Input::Tokens(t),
         }
     }
+}
+
+/// Parses an OpenAI request body (chat or completions) as `crate::body::parse_body` does, refusing every
+/// field abserve cannot honour ([`UNSUPPORTED`]) with a 400 naming it.
+pub fn parse_openai<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    crate::body::parse_checked(bytes, |body| Ok(unsupported_fields(body)?))
 }

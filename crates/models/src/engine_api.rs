@@ -1,7 +1,8 @@
-//! What the server needs of an engine, as one trait ([`EngineApi`]): the routes are tested
-//! without a model through a fake that implements it (as TGI's router tests its queue without a
-//! backend), and [`abserve_engine::Engine`] implements it for real. Preparing a request needs
-//! only the model's template and vocabulary: the engine's [`Tokenizer`], which this extends.
+//! The engine's token-level seam ([`EngineApi`]): what a [`crate::Local`] entry needs of an
+//! engine of this process. [`abserve_engine::Engine`] implements it for real; the server's
+//! routes are tested without a model through a fake that implements it (as TGI's router tests
+//! its queue without a backend). Preparing a request needs only the model's template and
+//! vocabulary: the engine's [`Tokenizer`], which this extends.
 
 use std::sync::Arc;
 
@@ -39,6 +40,10 @@ pub trait EngineApi: Tokenizer + Send + Sync + 'static {
     fn device(&self) -> Option<Arc<dyn Device>> {
         None
     }
+    /// The model file it runs, for people.
+    fn origin(&self) -> String {
+        "an engine of this process".into()
+    }
 }
 
 impl EngineApi for Engine {
@@ -74,6 +79,9 @@ impl EngineApi for Engine {
     }
     fn token_text(&self, token: i32) -> String {
         self.model().token_text(token)
+    }
+    fn origin(&self) -> String {
+        self.model_path().display().to_string()
     }
 }
 
@@ -112,5 +120,8 @@ impl<B: EngineApi + ?Sized> EngineApi for Arc<B> {
     }
     fn device(&self) -> Option<Arc<dyn Device>> {
         (**self).device()
+    }
+    fn origin(&self) -> String {
+        (**self).origin()
     }
 }

@@ -8,7 +8,6 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abserve_engine::prepare::Prepared;
 use abserve_engine::{Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
     ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
@@ -21,10 +20,11 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::request::{Kind, ValidRequest};
+use super::tool_calls::Streamed;
 use crate::error::ApiError;
+use crate::experiments::Routed;
 use crate::state::AppState;
-use crate::tool_calls::Streamed;
-use crate::valid::{expose, Kind, Routed, ValidRequest};
 
 impl Kind {
     fn id(self) -> String {
@@ -69,10 +69,10 @@ fn observe(state: &AppState, d: &Completion) {
     }
 }
 
-/// Log-probabilities in the endpoint's shape.
-fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) -> Logprobs {
-    let e = state.engine_at(model);
-    match kind {
+/// Log-probabilities in the endpoint's shape (none from a model that gives no token ids).
+fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) -> Option<Logprobs> {
+    let e = state.models.at(model).tokens()?;
+    Some(match kind {
         Kind::Chat => {
             let top = |t: i32, logprob: f32| {
                 let bytes = e.piece(t);
@@ -115,27 +115,48 @@ fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) ->
             }
             Logprobs::Text(out)
         }
+    })
+}
+
+/// What the finished choices of an answer used, whole or streamed alike.
+#[derive(Default, Clone)]
+struct Tally {
+    completion_tokens: usize,
+    /// Prompt tokens of every choice whose KV came from a cached prefix.
+    cached_tokens: usize,
+    /// Each choice's prompt tokens as its model counted them (known once it finished).
+    prompt_tokens: Vec<Option<usize>>,
+}
+
+impl Tally {
+    /// Choice `i` finished with `d`.
+    fn add(&mut self, i: usize, d: &Completion) {
+        self.completion_tokens += d.completion_tokens;
+        self.cached_tokens += d.shared_prompt_tokens;
+        if self.prompt_tokens.len() <= i {
+            self.prompt_tokens.resize(i + 1, None);
+        }
+        self.prompt_tokens[i] = Some(d.prompt_tokens);
     }
-}
 
-/// The usage of an answer, whole or streamed alike: prompt tokens as OpenAI counts them, the
-/// completion tokens of every choice, and how many prompt tokens came from cached prefixes
-/// (OpenAI's `cached_tokens`).
-fn usage(seqs: &[Prepared], completion_tokens: usize, cached_tokens: usize) -> Usage {
-    let mut usage = Usage::new(prompt_tokens_once(seqs) as u64, completion_tokens as u64);
-    usage.prompt_tokens_details = Some(PromptTokensDetails {
-        cached_tokens: cached_tokens as u64,
-    });
-    usage
-}
-
-/// Prompt tokens as OpenAI counts them: the `n` copies of one prompt count once.
-fn prompt_tokens_once(seqs: &[Prepared]) -> usize {
-    seqs.iter()
-        .enumerate()
-        .filter(|(i, p)| *i == 0 || seqs[i - 1].prompt != p.prompt)
-        .map(|(_, p)| p.prompt.len())
-        .sum()
+    /// The usage OpenAI reports: prompt tokens with the `n` copies of one prompt counted once
+    /// (tokens counted here, or by the model for a prompt it tokenized elsewhere), the
+    /// completion tokens of every choice, and how many prompt tokens came from cached prefixes
+    /// (`cached_tokens`).
+    fn usage(&self, req: &ValidRequest) -> Usage {
+        let prompt: usize = (0..req.seqs.len())
+            .step_by(req.n.max(1))
+            .map(|i| match req.seqs[i].prompt.len() {
+                0 => self.prompt_tokens.get(i).copied().flatten().unwrap_or(0),
+                n => n,
+            })
+            .sum();
+        let mut usage = Usage::new(prompt as u64, self.completion_tokens as u64);
+        usage.prompt_tokens_details = Some(PromptTokensDetails {
+            cached_tokens: self.cached_tokens as u64,
+        });
+        usage
+    }
 }
 
 /// Puts choice `i`'s text where its endpoint carries it, read for tool calls when the request
@@ -144,7 +165,7 @@ fn answer(choice: &mut Choice, req: &ValidRequest, i: usize, text: String, finis
     choice.finish_reason = Some(finish.to_string());
     match (req.kind, &req.seqs[i].tools) {
         (Kind::Chat, Some(tools)) => {
-            let (m, finish) = crate::tool_calls::message(tools, &text, finish);
+            let (m, finish) = super::tool_calls::message(tools, &text, finish);
             choice.message = Some(m);
             choice.finish_reason = Some(finish);
         }
@@ -181,26 +202,29 @@ pub(crate) async fn collect_response(
             .iter()
             .find_map(|x| x.as_ref().err())
             .map(|e| e.to_string());
-        recorded = expose(&state, r, first, err).await.is_ok();
+        recorded = state.experiments.record(r, first, err).await.is_ok();
     }
     let want_lp = req.logprobs();
-    let (mut choices, mut completion_tokens, mut cached) = (vec![], 0, 0);
+    let (mut choices, mut tally) = (vec![], Tally::default());
     for (i, r) in results.into_iter().enumerate() {
         let c = r.map_err(ApiError::generation)?;
         let d = c.completion;
         observe(&state, &d);
-        cached += d.shared_prompt_tokens;
-        completion_tokens += d.completion_tokens;
+        tally.add(i, &d);
         let mut choice = Choice {
             index: i as u32,
-            logprobs: want_lp.then(|| logprobs(&state, req.model_index, req.kind, &c.logprobs)),
-            prompt_token_ids: req.return_token_ids.then(|| req.seqs[i].prompt.clone()),
+            logprobs: want_lp
+                .then(|| logprobs(&state, req.model_index, req.kind, &c.logprobs))
+                .flatten(),
+            // token ids where this process tokenized the prompt
+            prompt_token_ids: (req.return_token_ids && !req.seqs[i].prompt.is_empty())
+                .then(|| req.seqs[i].prompt.clone()),
             ..Default::default()
         };
         answer(&mut choice, &req, i, c.text, d.finish_reason.as_str());
         choices.push(choice);
     }
-    let usage = usage(&req.seqs, completion_tokens, cached);
+    let usage = tally.usage(&req);
     let body = WireResponse {
         id: req.kind.id(),
         object: if req.kind == Kind::Chat {
@@ -227,7 +251,7 @@ pub(crate) async fn collect_response(
 struct Chunker {
     template: Chunk,
     kind: Kind,
-    /// The model whose tokens these are (`AppState::model_index`).
+    /// The model whose tokens these are (its position in the registry).
     model: usize,
     want_lp: bool,
     state: Arc<AppState>,
@@ -241,8 +265,8 @@ enum Piece {
     Chunk(Chunk),
     /// An error in the stream and its message.
     Error(ErrorBody, String),
-    /// A choice's last chunks (its finish reason in the last).
-    Last(Vec<Chunk>, Completion),
+    /// Choice `.2`'s last chunks (its finish reason in the last).
+    Last(Vec<Chunk>, Completion, usize),
 }
 
 impl Chunker {
@@ -276,7 +300,7 @@ impl Chunker {
     fn piece(&self, i: usize, ev: Event) -> Option<Piece> {
         let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((calls, lps)) = &mut tools[i] {
-            return self.tool_piece(calls, lps, ev);
+            return self.tool_piece(i, calls, lps, ev);
         }
         drop(tools);
         match ev {
@@ -287,7 +311,7 @@ impl Chunker {
                 let mut c = self.choice(i, Some(text));
                 if self.want_lp {
                     let l: Vec<TokenLogprob> = logprob.into_iter().collect();
-                    c.logprobs = Some(logprobs(&self.state, self.model, self.kind, &l));
+                    c.logprobs = logprobs(&self.state, self.model, self.kind, &l);
                 }
                 Some(Piece::Chunk(self.chunk(vec![c])))
             }
@@ -296,7 +320,7 @@ impl Chunker {
                 let tail = (!d.tail_text.is_empty()).then(|| d.tail_text.clone());
                 let mut c = self.choice(i, tail);
                 c.finish_reason = Some(d.finish_reason.as_str().to_string());
-                Some(Piece::Last(vec![self.chunk(vec![c])], d))
+                Some(Piece::Last(vec![self.chunk(vec![c])], d, i))
             }
             Event::Error(e) => self.error(e),
             Event::Admitted { .. } => None,
@@ -306,6 +330,7 @@ impl Chunker {
     /// A choice with tools: its calls as they are written, its content when it finishes.
     fn tool_piece(
         &self,
+        i: usize,
         calls: &mut Streamed,
         lps: &mut Vec<TokenLogprob>,
         ev: Event,
@@ -323,10 +348,10 @@ impl Chunker {
                     choices.into_iter().map(|c| self.chunk(vec![c])).collect();
                 if self.want_lp {
                     if let Some(c) = chunks.first_mut().and_then(|c| c.choices.first_mut()) {
-                        c.logprobs = Some(logprobs(&self.state, self.model, self.kind, lps));
+                        c.logprobs = logprobs(&self.state, self.model, self.kind, lps);
                     }
                 }
-                Some(Piece::Last(chunks, d))
+                Some(Piece::Last(chunks, d, i))
             }
             Event::Error(e) => self.error(e),
             Event::Admitted { .. } => None,
@@ -352,9 +377,7 @@ impl Chunker {
 struct Seen {
     first_done: Option<Completion>,
     first_error: Option<String>,
-    completion_tokens: usize,
-    /// Prompt tokens of every choice whose KV came from a cached prefix.
-    cached_tokens: usize,
+    tally: Tally,
 }
 
 /// The first chunk of every choice of a chat stream: the assistant's role, empty content (none
@@ -439,9 +462,8 @@ pub(crate) fn stream_response(
                         s.first_error.get_or_insert(message);
                         vec![sse(&body)]
                     }
-                    Piece::Last(cs, d) => {
-                        s.completion_tokens += d.completion_tokens;
-                        s.cached_tokens += d.shared_prompt_tokens;
+                    Piece::Last(cs, d, i) => {
+                        s.tally.add(i, &d);
                         s.first_done.get_or_insert(d);
                         cs.iter().map(sse).collect()
                     }
@@ -468,24 +490,19 @@ async fn finish_stream(
     chunker: Chunker,
     seen: Arc<Mutex<Seen>>,
 ) -> Option<Result<SseEvent, Infallible>> {
-    let (done, err, completion, cached) = {
+    let (done, err, tally) = {
         let s = seen.lock().unwrap_or_else(|p| p.into_inner());
-        (
-            s.first_done.clone(),
-            s.first_error.clone(),
-            s.completion_tokens,
-            s.cached_tokens,
-        )
+        (s.first_done.clone(), s.first_error.clone(), s.tally.clone())
     };
     if let Some(r) = &req.routed {
         // failures are logged and counted by expose
-        let _ = expose(&state, r, done.as_ref(), err).await;
+        let _ = state.experiments.record(r, done.as_ref(), err).await;
     }
     if !req.include_usage {
         return None;
     }
     let mut c = chunker.chunk(vec![]);
-    c.usage = Some(usage(&req.seqs, completion, cached));
+    c.usage = Some(tally.usage(&req));
     Some(sse(&c))
 }
 

@@ -31,7 +31,7 @@ pub struct AbState {
     store: Store,
     routing: RwLock<Routing>,
     /// Per bandit experiment, each unit's variant: a unit keeps it when the weights change
-    /// (filled as units are routed, and from the store by the bandit loop: `bandits.rs`).
+    /// (filled as units are routed, and from the store by the periodic work: `periodic.rs`).
     sticky: RwLock<BTreeMap<String, std::collections::HashMap<String, String>>>,
     poll: Duration,
     reload: Arc<tokio::sync::Notify>,
@@ -103,23 +103,13 @@ impl AbState {
     /// Checks every stored experiment's variants by the API's rules (a file or an older
     /// version may hold settings the API refuses), each on the model it names: `models` are
     /// the served models by id, the default first.
-    pub fn check(
-        &self,
-        models: &[(&str, &dyn crate::engine_api::EngineApi)],
-    ) -> anyhow::Result<()> {
+    pub fn check(&self, models: &abserve_models::Registry) -> anyhow::Result<()> {
         for e in self.list() {
             for v in &e.variants {
-                let engine = match &v.model {
-                    None => models[0].1,
-                    Some(m) => models.iter().find(|(id, _)| id == m).map(|(_, e)| *e).ok_or_else(|| {
-                        let ids: Vec<&str> = models.iter().map(|(id, _)| *id).collect();
-                        anyhow::anyhow!(
-                            "experiment '{}': variant '{}' names the model '{m}', which this server does not serve (it serves {})",
-                            e.name, v.id, ids.join(", ")
-                        )
-                    })?,
-                };
-                crate::validate::variant(v, engine, engine.plan().context).map_err(|err| {
+                let model = models.named(v.model.as_deref()).map_err(|why| {
+                    anyhow::anyhow!("experiment '{}': variant '{}': {why}", e.name, v.id)
+                })?;
+                super::check_variant(v, model).map_err(|err| {
                     anyhow::anyhow!(
                         "experiment '{}': {}: {}",
                         e.name,

@@ -1,0 +1,192 @@
+//! `POST /v1/experiments/{name}/fanout`: every variant of an experiment on one input, side by
+//! side — each prepared by the model its variant names, admitted as one group per model (all
+//! of its variants or none), answered with counts and timings.
+
+use std::sync::Arc;
+
+use abserve_ab::{Asked, Experiment, Prompt};
+use abserve_engine::prepare::{Input, Options};
+use abserve_engine::tools::ToolUse;
+use abserve_engine::ChatMessage;
+use abserve_models::Prepared;
+use abserve_protocol::abserve::{Fanout, FanoutResult};
+use abserve_protocol::{Sampling, Structure};
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::admission::{admit_group, Admitted, GroupOf};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// `{input}`: the user message every variant answers.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct FanoutBody {
+    input: String,
+}
+
+/// Runs every variant of an experiment on one input, concurrently, and returns the outputs
+/// side by side.
+/// Every variant on one input, side by side (queued as one group: all variants or none).
+#[utoipa::path(post, path = "/v1/experiments/{name}/fanout", params(("name" = String, Path, description = "the experiment's name")), request_body = FanoutBody, responses((status = 200, body = Fanout)))]
+pub async fn fanout(
+    State(state): State<Arc<AppState>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let e = state.experiments.find(&name)?;
+    let exp = e.clone();
+    let (input, requests) = state
+        .off_thread(move |st| fanout_requests(st, &exp, &body))
+        .await?;
+    let tools: Vec<Option<ToolUse>> = requests.iter().map(|(_, p)| p.tools.clone()).collect();
+    let group = (e.name.clone(), e.max_kv_share);
+    let admitted = admit_by_model(&state, requests, group).await?;
+    let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
+    let outs =
+        futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
+            .await;
+    // the order read at admission, else the one collect saw in the stream
+    let orders: Vec<u64> = known
+        .iter()
+        .zip(&outs)
+        .map(|(k, o)| {
+            k.or_else(|| o.as_ref().ok().and_then(|o| o.admission_order))
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    let mut results: Vec<FanoutResult> = e
+        .variants
+        .iter()
+        .zip(outs)
+        .zip(&tools)
+        .map(|((v, o), t)| {
+            let mut r = fanout_result(&state, &v.id, o, t.as_ref());
+            r.model = v
+                .model
+                .clone()
+                .unwrap_or_else(|| state.models.default_entry().id.clone());
+            r
+        })
+        .collect();
+    // admission rank of each variant (0 = admitted first)
+    let mut idx: Vec<usize> = (0..orders.len()).collect();
+    idx.sort_by_key(|&i| orders[i]);
+    for (rank, &i) in idx.iter().enumerate() {
+        results[i].admission_rank = rank;
+    }
+    Ok(Json(Fanout {
+        experiment: e.name,
+        input,
+        results,
+    })
+    .into_response())
+}
+
+/// Admits a fan-out's requests, each on its variant's model: one group per model (all of its
+/// variants enter that model's queue, or none do). Variants on several models are admitted
+/// model by model; when one model refuses, the receivers already admitted are dropped, which
+/// cancels them. The answers come back in the requests' order.
+async fn admit_by_model(
+    state: &AppState,
+    requests: Vec<(usize, Prepared)>,
+    group: (String, Option<f64>),
+) -> Result<Vec<Admitted>, ApiError> {
+    let n = requests.len();
+    let mut by_model: std::collections::BTreeMap<usize, Vec<(usize, Prepared)>> =
+        Default::default();
+    for (pos, (model, r)) in requests.into_iter().enumerate() {
+        by_model.entry(model).or_default().push((pos, r));
+    }
+    let mut slots: Vec<Option<Admitted>> = (0..n).map(|_| None).collect();
+    for (model, members) in by_model {
+        let (positions, seqs): (Vec<usize>, Vec<Prepared>) = members.into_iter().unzip();
+        let admitted =
+            admit_group(state, model, seqs, Some(group.clone()), GroupOf::Variants).await?;
+        for (pos, a) in positions.into_iter().zip(admitted) {
+            slots[pos] = Some(a);
+        }
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// The sequence of every variant of `exp` for a fan-out body, prepared by the variant's model
+/// as a chat request routed to that variant would be (an unset `max_tokens` is clamped to the
+/// room the context leaves), beside the model's position in the registry.
+fn fanout_requests(
+    st: &AppState,
+    exp: &Experiment,
+    body: &[u8],
+) -> Result<(String, Vec<(usize, Prepared)>), ApiError> {
+    let b: FanoutBody = crate::body::parse_body(body)?;
+    let defaults = Sampling {
+        temperature: Some(1.0),
+        ..Default::default()
+    };
+    let mut requests = vec![];
+    for v in &exp.variants {
+        let asked = Asked {
+            prompt: Prompt::Chat(vec![ChatMessage::new("user", &b.input)]),
+            sampling: defaults.clone(),
+            structure: Structure::default(),
+        };
+        let asked = v
+            .apply(asked)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let Prompt::Chat(msgs) = &asked.prompt else {
+            return Err(ApiError::internal(
+                "a variant turned a conversation into text",
+            ));
+        };
+        let model = st.experiments.variant_model(v)?;
+        let p = st.models.at(model).prepare(
+            Input::Chat(msgs),
+            &asked.sampling,
+            &asked.structure,
+            &Options::new(256),
+            st.config.max_prompt_tokens,
+        )?;
+        requests.push((model, p));
+    }
+    Ok((b.input, requests))
+}
+
+/// One variant's side of a fan-out: its answer with counts and timings, or its error.
+fn fanout_result(
+    state: &AppState,
+    variant: &str,
+    o: Result<abserve_engine::Output, abserve_engine::GenerationError>,
+    tools: Option<&ToolUse>,
+) -> FanoutResult {
+    let mut r = FanoutResult {
+        variant: variant.to_string(),
+        ..Default::default()
+    };
+    match o {
+        Ok(o) => {
+            let d = &o.completion;
+            r.output = Some(o.text);
+            r.prompt_tokens = Some(d.prompt_tokens as u64);
+            r.completion_tokens = Some(d.completion_tokens as u64);
+            r.shared_prompt_tokens = Some(d.shared_prompt_tokens as u64);
+            r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
+            r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
+            r.finish_reason = Some(d.finish_reason.as_str().into());
+            r.grammar_complete = d.grammar.map(|g| g.complete);
+            if let Some(t) = tools {
+                let text = r.output.take().unwrap_or_default();
+                let (m, finish) = super::tool_calls::message(t, &text, d.finish_reason.as_str());
+                r.output = m.content;
+                r.tool_calls = m.tool_calls;
+                r.finish_reason = Some(finish);
+            }
+        }
+        Err(err) => {
+            state.metrics.generation_error(&err);
+            r.error = Some(err.to_string());
+        }
+    }
+    r
+}
