@@ -86,7 +86,7 @@ pub struct EngineConfig {
     /// (`--adapter-turn`; `scheduler/step.rs`).
     pub adapter_turn: usize,
     /// llama.cpp contexts on the one model that divide the slots between them, each applying
-    /// its own adapter set, decoded side by side (`--adapter-lanes`; `lanes.rs`); 1: one
+    /// its own adapter set, decoded side by side (`--adapter-lanes`; `lane_split.rs`); 1: one
     /// context whose set is switched in turns. Split KV streams only.
     pub adapter_lanes: u64,
 }

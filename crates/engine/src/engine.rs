@@ -19,7 +19,7 @@ use crate::config::{DeviceHandle, EngineConfig, EngineError, GpuLayers};
 use crate::device::Device;
 use crate::engine_loop::{run_guarded, Command};
 use crate::grammar::Grammars;
-use crate::lanes::Lanes;
+use crate::lane_split::Lanes;
 use crate::llama::{
     begin_buffer_log, take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute,
     LlamaError, Model,

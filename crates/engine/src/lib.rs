@@ -12,7 +12,7 @@
 //! - [`prepare`]: the one preparation stage every caller goes through (messages or a prompt →
 //!   template → tokens with one BOS rule → context fit → [`SamplingParams`]);
 //! - [`models`]: several base models in one process, one budget divided between them;
-//! - `lanes`: adapter lanes, the slots divided between contexts on the one model that each
+//! - `lane_split`: adapter lanes, the slots divided between contexts on the one model that each
 //!   apply their own LoRA adapter set and decode side by side;
 //! - `sampler`, `text`, `chat`: sampling in Rust, stop strings and UTF-8, chat templates.
 
@@ -27,7 +27,7 @@ mod engine_loop;
 mod fault;
 pub mod grammar;
 mod invalid;
-mod lanes;
+mod lane_split;
 mod llama;
 pub mod models;
 pub mod prepare;

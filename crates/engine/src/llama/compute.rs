@@ -12,11 +12,11 @@ use llama_cpp_2::model::LlamaLoraAdapter;
 
 use super::{Context, Model};
 use crate::adapters::{AdapterBudget, AdapterSet};
-use crate::lanes::Lanes;
+use crate::lane_split::Lanes;
 use crate::scheduler::{Compute, Snapshot};
 
 /// The scheduler's [`Compute`] over the engine thread's llama.cpp contexts: one, or one per
-/// adapter lane (`crate::lanes`), all on the one model's weights.
+/// adapter lane (`crate::lane_split`), all on the one model's weights.
 pub(crate) struct LlamaCompute<'m> {
     pub model: &'m Model,
     /// One per lane, lane order.

@@ -16,12 +16,12 @@ use serde::Serialize;
 use crate::gguf::ModelShape;
 
 mod bytes;
-mod compute;
+mod compute_buffers;
 mod split;
 mod system;
 
 pub use bytes::{human_bytes, parse_bytes, Budget};
-pub use compute::{compute_estimate, lanes_compute, COMPUTE_RUNTIME_BYTES};
+pub use compute_buffers::{compute_estimate, lanes_compute, COMPUTE_RUNTIME_BYTES};
 use split::Split;
 pub use split::{DeviceMemory, DevicePlan, Offload};
 pub use system::{available_memory, current_rss, peak_rss, return_large_frees};
@@ -99,7 +99,7 @@ pub struct PlanRequest {
     /// Layers offloaded to a device (`None` or 0 layers: everything on the host).
     pub offload: Option<Offload>,
     /// llama.cpp contexts on the one model that share out the slots, each with its own compute
-    /// buffers (adapter lanes, `crate::lanes`; 1: one context).
+    /// buffers (adapter lanes, `crate::lane_split`; 1: one context).
     pub lanes: u64,
 }
 

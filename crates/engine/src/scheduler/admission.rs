@@ -12,7 +12,7 @@
 //! again) — and keeps its claim on a slot meanwhile, so the variants whose prefixes are ready
 //! first do not take every slot; a request over its group's KV share waits for the group to
 //! shrink; with adapter lanes, a request whose set runs in a lane waits for a slot of such a
-//! lane rather than add its set to another lane's turns (`lanes.rs`), claiming no slot.
+//! lane rather than add its set to another lane's turns (`lane_steps.rs`), claiming no slot.
 
 use std::collections::HashSet;
 use std::time::Instant;

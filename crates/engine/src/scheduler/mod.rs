@@ -22,7 +22,7 @@ mod admission;
 mod batch;
 mod itl;
 mod kv;
-mod lanes;
+mod lane_steps;
 mod sample;
 mod seq;
 mod stats;
@@ -36,7 +36,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::adapters::AdapterSet;
-use crate::lanes::Lanes;
+use crate::lane_split::Lanes;
 use crate::request::{EventSender, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
@@ -48,7 +48,7 @@ pub use stats::{EngineStats, SetCounts, StatsSnapshot};
 
 /// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
 /// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
-/// are asked for, at the positions before each: see `sample.rs`; built by `batch.rs` and `lanes.rs`).
+/// are asked for, at the positions before each: see `sample.rs`; built by `batch.rs` and `lane_steps.rs`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Planned {
     pub idx: usize,
@@ -57,7 +57,7 @@ pub(super) struct Planned {
     pub logits: Option<usize>,
 }
 
-/// What the scheduler needs from a model + context. llama.cpp implements it in `engine.rs`;
+/// What the scheduler needs from a model + context. llama.cpp implements it in `llama/compute.rs`;
 /// tests implement it with a tiny deterministic fake.
 pub trait Compute {
     fn batch_capacity(&self) -> usize;
@@ -112,7 +112,7 @@ pub struct SchedulerConfig {
     /// applying another set makes llama.cpp rebuild its compute graphs; 0 decodes every set in
     /// every step.
     pub adapter_turn: usize,
-    /// Adapter lanes the slots are divided between (`crate::lanes`; split streams only): each
+    /// Adapter lanes the slots are divided between (`crate::lane_split`; split streams only): each
     /// lane applies one set at a time, and every lane decodes in every step.
     pub lanes: usize,
 }

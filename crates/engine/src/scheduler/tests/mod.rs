@@ -64,7 +64,7 @@ struct Fake {
     /// Adapter sets applied, in order (each change once, in any lane).
     applied: Vec<String>,
     /// Adapter lanes (`None`: one context).
-    lanes: Option<crate::lanes::Lanes>,
+    lanes: Option<crate::lane_split::Lanes>,
 }
 
 impl Fake {
@@ -134,7 +134,7 @@ impl Fake {
     }
     /// `slots` streams of `per` cells in `lanes` adapter lanes.
     fn lanes(slots: usize, per: usize, lanes: usize) -> Self {
-        let l = crate::lanes::Lanes::new(slots, lanes);
+        let l = crate::lane_split::Lanes::new(slots, lanes);
         Fake {
             adapter: vec![0; l.count()],
             lanes: Some(l),

@@ -1,4 +1,4 @@
-//! Steps over adapter lanes (`crate::lanes`): every lane decodes in every step, each under the
+//! Steps over adapter lanes (`crate::lane_split`): every lane decodes in every step, each under the
 //! adapter set whose turn it is in that lane, all in one batch that the backend splits by lane
 //! and runs side by side. A new sequence goes to a slot of a lane that already runs only its
 //! set, else of an idle lane (one that has its set applied first, so that lanes keep their
