@@ -109,8 +109,8 @@ impl<E: EngineApi> Model for Local<E> {
             options,
             self.limits(max_prompt_tokens),
         )?;
-        let logprobs = p.params.logprobs;
-        let mut prepared = Prepared::new(p.clone(), p.prompt, p.tools);
+        let (prompt, tools, logprobs) = (p.prompt.clone(), p.tools.clone(), p.params.logprobs);
+        let mut prepared = Prepared::new(p, prompt, tools);
         prepared.logprobs = logprobs;
         Ok(prepared)
     }

@@ -38,7 +38,6 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub config: ServerConfig,
     pub shutting_down: AtomicBool,
-    pub started: Instant,
     /// Requests completed per second, smoothed (×1000), for Retry-After.
     drain_rate_milli: AtomicU64,
     pub ready:
@@ -74,7 +73,6 @@ impl AppState {
             metrics,
             config,
             shutting_down: AtomicBool::new(false),
-            started: Instant::now(),
             drain_rate_milli: AtomicU64::new(0),
             ready: tokio::sync::Mutex::new(None),
             experiments,

@@ -2,7 +2,7 @@
 //! `[experiment.bandit]`): the statistics. Thompson sampling moves traffic towards the arm most
 //! likely to be best; estimates stay unbiased when weights change; a stopping rule names the
 //! winner with the false-winner rate held at α. The server runs the updates (its `periodic.rs`;
-//! the store's `update_bandit` computes them) and keeps each unit on its first variant when the
+//! `abserve_ab::next_bandit` computes them from the results' estimates) and keeps each unit on its first variant when the
 //! weights change (sticky units); after a winner is named every unit gets it.
 //!
 //! **Periods.** Weights change only at updates; the units that arrive between two updates form

@@ -1,7 +1,8 @@
 //! A bandit's data in the store: each unit's period (by the time of its first exposure against
 //! the stored period starts), variant and value of the decision metric (by its definition's
 //! aggregation; without one, the mean of its events; units without a value are left out), as
-//! `bandit::Cell`s; the update the server runs; what `/results` shows.
+//! `bandit::Cell`s; what `/results` shows (its estimates are what the server's update,
+//! [`next_bandit`], reads).
 
 use super::{Pool, Store, StoreError};
 use crate::experiment::Experiment;
@@ -92,30 +93,6 @@ impl Store {
             arms,
             winner: state.winner,
         }))
-    }
-
-    /// The bandit's next state at `now` when an update is due (every `update_seconds`; the
-    /// first at once): the winner when the stopping rule names one, else new weights from
-    /// `now` on. `None` when nothing changes.
-    pub async fn update_bandit(
-        &self,
-        e: &Experiment,
-        now: f64,
-    ) -> Result<Option<Experiment>, StoreError> {
-        let Some(settings) = e.bandit_settings() else {
-            return Ok(None);
-        };
-        let state = e.bandit_state.clone().unwrap_or_default();
-        if state.winner.is_some()
-            || state
-                .periods
-                .last()
-                .is_some_and(|p| now - p.start < settings.update_seconds)
-        {
-            return Ok(None);
-        }
-        let est = estimates(&self.bandit_cells(e).await?);
-        Ok(next_bandit(e, &est, now))
     }
 }
 

@@ -195,19 +195,12 @@ async fn models_lists_both_kinds_with_their_owners() {
 #[tokio::test]
 async fn a_chat_on_the_other_kind_is_answered_with_its_counts() {
     let (a, echo) = two_kinds(None).await;
-    let (status, _, bytes) = a
-        .post(
+    let r = a
+        .answer(
             "/v1/chat/completions",
             json!({"model": "echo", "messages": [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi there you"}]}),
         )
         .await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
-    let r: WireResponse = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(r.model, "echo");
     assert_eq!(r.choices[0].content(), Some("echo: hi there you"));
     assert_eq!(r.choices[0].finish_reason.as_deref(), Some("stop"));
@@ -216,19 +209,12 @@ async fn a_chat_on_the_other_kind_is_answered_with_its_counts() {
     assert_eq!((u.prompt_tokens, u.completion_tokens), (5, 4));
     assert_eq!(echo.groups.lock().unwrap().as_slice(), [(1, None, None)]);
     // n choices are one group of the double, counted once in the prompt
-    let (status, _, bytes) = a
-        .post(
+    let r = a
+        .answer(
             "/v1/chat/completions",
             json!({"model": "echo", "n": 2, "max_tokens": 2, "messages": [{"role": "user", "content": "a b c"}]}),
         )
         .await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
-    let r: WireResponse = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(r.choices.len(), 2);
     assert_eq!(r.choices[1].content(), Some("echo: a"));
     assert_eq!(r.choices[1].finish_reason.as_deref(), Some("length"));
@@ -323,13 +309,11 @@ async fn ready_probes_the_other_kind_and_names_it_when_it_fails() {
 #[tokio::test]
 async fn metrics_carry_the_other_kinds_series() {
     let (a, _) = two_kinds(None).await;
-    let (status, _, _) = a
-        .post(
-            "/v1/chat/completions",
-            json!({"model": "echo", "messages": [{"role": "user", "content": "x y z"}]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    a.answer(
+        "/v1/chat/completions",
+        json!({"model": "echo", "messages": [{"role": "user", "content": "x y z"}]}),
+    )
+    .await;
     let (status, _, bytes) = a.call("GET", "/metrics", None, &[]).await;
     assert_eq!(status, StatusCode::OK);
     let text = String::from_utf8_lossy(&bytes);

@@ -154,6 +154,18 @@ impl App {
         .await
     }
 
+    /// A whole answer that must be a 200 (the body is the failure's message), parsed.
+    async fn answer(&self, path: &str, body: Value) -> WireResponse {
+        let (status, _, bytes) = self.post(path, body).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
     /// An OpenAI error answer: its status, `param` and message.
     async fn error(&self, path: &str, body: Value) -> (StatusCode, Option<String>, String) {
         let (status, _, bytes) = self.post(path, body).await;
