@@ -26,8 +26,8 @@ pub use experiment::{
 };
 pub use guardrail::check as check_guardrails;
 pub use store::{
-    next_bandit, url_without_password, Adjusted, Analysis, Database, Exposure, HistoryPoint,
-    Location, MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Store,
-    StoreCondition, StoreError, VariantResult, VariantState, CHANNEL,
+    next_bandit, Adjusted, Analysis, Database, Exposure, HistoryPoint, MetricResult, OutcomeEvent,
+    RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError, VariantResult,
+    VariantState, CHANNEL,
 };
 pub use variant::{Asked, Prompt, VariantError};

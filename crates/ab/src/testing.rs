@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use sqlx::postgres::PgPool;
 
-use crate::store::{Location, Store};
+use abserve_protocol::location::Location;
+
+use crate::store::Store;
 
 /// The PostgreSQL server the tests use (its `test` database).
 pub fn postgres_admin_url() -> String {

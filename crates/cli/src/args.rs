@@ -222,9 +222,9 @@ impl ModelArgs {
 pub fn store_location(
     store: Option<&str>,
     data_dir: &std::path::Path,
-) -> anyhow::Result<abserve_ab::Location> {
+) -> anyhow::Result<abserve_protocol::location::Location> {
     Ok(match store {
         Some(s) => s.parse()?,
-        None => abserve_ab::Location::Sqlite(data_dir.join("abserve.db")),
+        None => abserve_protocol::location::Location::Sqlite(data_dir.join("abserve.db")),
     })
 }

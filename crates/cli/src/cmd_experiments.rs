@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use abserve_ab::{Location, Store};
+use abserve_ab::Store;
+use abserve_protocol::location::Location;
 use clap::{Args, Subcommand};
 
 #[derive(Args, Debug)]

@@ -30,8 +30,8 @@ pub struct WorkerArgs {
     /// Failures of one job (errors, not crashes) before it goes to the dead-letter queue.
     #[arg(long, default_value_t = 3)]
     pub max_failures: u32,
-    /// Also commit each result (once per job id) to this store before acknowledging:
-    /// postgres://…, sqlite://FILE or a directory.
+    /// Also commit each result (once per job id) to this store's eval-jobs ledger (table
+    /// `eval_results`) before acknowledging: postgres://…, sqlite://FILE or a directory.
     #[arg(long, env = "ABSERVE_STORE", hide_env_values = true)]
     pub store: Option<String>,
     /// Serve /health, /ready and /metrics on this address, e.g. 0.0.0.0:9091 (port 0: any free
@@ -46,8 +46,8 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let store = match &a.store {
-        Some(s) => Some(rt.block_on(abserve_ab::Store::connect(&s.parse()?))?),
+    let ledger = match &a.store {
+        Some(s) => Some(rt.block_on(abserve_queue::ledger::Ledger::connect(&s.parse()?))?),
         None => None,
     };
     // bound before the model loads: a taken port is an error before any model work
@@ -87,7 +87,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         amqp: a.amqp.clone(),
         queue: a.queue.clone(),
         max_failures: a.max_failures,
-        store,
+        ledger,
     };
     let draining = ops.as_ref().map(|(state, _, _)| state.clone());
     let stop = async move {

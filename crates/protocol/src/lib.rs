@@ -6,6 +6,7 @@
 //!   model discovery, bearer auth, `Retry-After`, streamed chat with per-chunk timing);
 //! - [`prometheus`]: one parser of the Prometheus text format;
 //! - [`names`]: the metric names `abserve serve` exports and `loadtest`/`eval` read;
+//! - [`location`]: where a store lives (`--store`), and service URLs without their passwords;
 //! - [`abserve`]: abserve's own bodies (`/ready`, fan-out);
 //! - [`calls`], [`jobs`]: an eval call and its answer, and the job-queue messages that carry them
 //!   between `abserve eval --amqp` and `abserve worker`;
@@ -24,6 +25,7 @@ mod structure;
 pub mod abserve;
 pub mod calls;
 pub mod jobs;
+pub mod location;
 pub mod names;
 pub mod wire;
 

@@ -4,6 +4,7 @@
 //!   with confirms, the headers jobs carry;
 //! - [`run`]: one eval run's side: its jobs published with confirms, its results read (jobs the
 //!   broker dead-lettered included), each acked once the caller keeps it;
+//! - [`ledger`]: each job's result committed once per job id before its ack (`worker --store`);
 //! - [`worker`]: `abserve worker`, which answers jobs on the one engine of its process
 //!   (`abserve_models::call`, the same path eval runs in process), a result durable before
 //!   every ack.
@@ -12,6 +13,7 @@
 //! --amqp` (`abserve_eval`) makes them and scores the results. This is the one crate that talks
 //! to the broker (the only one that depends on `lapin`).
 
+pub mod ledger;
 pub mod run;
 pub mod topology;
 pub mod worker;

@@ -22,7 +22,7 @@
 //! Guarantees: a job is acked only after its result was confirmed by the broker (and, with
 //! `--store`, committed), so a worker killed at any point loses nothing: its unacked jobs are
 //! redelivered. A redelivered job may then be answered twice; the eval keeps the first result
-//! per job id (and the store, its primary key), so every row × variant counts once.
+//! per job id (and the ledger, its primary key), so every row × variant counts once.
 
 use lapin::options::{
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -201,5 +201,5 @@ pub fn amqp(what: &'static str) -> impl Fn(lapin::Error) -> QueueError {
 
 /// The url without its password.
 pub fn without_password(url: &str) -> String {
-    abserve_ab::url_without_password(url).unwrap_or_else(|| url.to_string())
+    abserve_protocol::location::url_without_password(url).unwrap_or_else(|| url.to_string())
 }

@@ -5,7 +5,7 @@
 //! hands this worker more jobs than it can run at once; a full worker takes nothing more and
 //! the backlog stays in the queue, where another worker (or an autoscaler) can see it.
 //!
-//! Durability: a job is acked only after its result is durable: committed to the store when
+//! Durability: a job is acked only after its result is durable: committed to the ledger when
 //! there is one, and confirmed by the broker on the run's results queue. A failed job is
 //! republished with its failure count and error (confirmed, then the old delivery is acked);
 //! after `max_failures` it goes to the dead-letter queue with its error, and the run gets an
@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use abserve_ab::Store;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -28,6 +27,7 @@ use abserve_models::Registry;
 use abserve_protocol::calls::CallError;
 use abserve_protocol::jobs::{Job, JobResult};
 
+use crate::ledger::Ledger;
 use crate::topology::{self as queue, amqp, header_int, Queues, ERROR, FAILURES};
 use crate::QueueError;
 
@@ -38,7 +38,7 @@ pub struct Options {
     /// Failures of one job before it is dead-lettered.
     pub max_failures: u32,
     /// Where results are also committed (once per job id) before the ack.
-    pub store: Option<Store>,
+    pub ledger: Option<Ledger>,
 }
 
 /// What a worker did, for its log and its `/metrics` (read at every scrape).
@@ -76,7 +76,7 @@ struct Ctx {
     publish: Channel,
     queues: Queues,
     max_failures: u32,
-    store: Option<Store>,
+    ledger: Option<Ledger>,
     worker: String,
     tally: Arc<Tally>,
 }
@@ -150,7 +150,7 @@ pub async fn work(
         publish,
         queues,
         max_failures: opts.max_failures.max(1),
-        store: opts.store,
+        ledger: opts.ledger,
         worker: worker.clone(),
         tally,
     });
@@ -249,13 +249,12 @@ async fn handle(ctx: &Ctx, d: &Delivery) -> Result<(), QueueError> {
     ack(d).await
 }
 
-/// Makes a result durable: the store (once per job id), then the run's results queue.
+/// Makes a result durable: the ledger (once per job id), then the run's results queue.
 async fn reply(ctx: &Ctx, d: &Delivery, job: &Job, r: &JobResult) -> Result<(), QueueError> {
     let body = serde_json::to_vec(r).map_err(|e| QueueError(format!("encoding a result: {e}")))?;
-    if let Some(s) = &ctx.store {
-        s.put_job_result(&job.id, &job.run, &String::from_utf8_lossy(&body))
-            .await
-            .map_err(|e| QueueError(format!("committing the result to the store: {e}")))?;
+    if let Some(l) = &ctx.ledger {
+        l.put(&job.id, &job.run, &String::from_utf8_lossy(&body))
+            .await?;
     }
     match d.properties.reply_to() {
         Some(q) => {

@@ -14,7 +14,6 @@
 
 mod cuped;
 mod error;
-mod location;
 mod results;
 
 use std::collections::BTreeMap;
@@ -30,11 +29,12 @@ use sqlx::sqlite::{
 
 pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
-pub use location::{url_without_password, Location};
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
     VariantState,
 };
+
+use abserve_protocol::location::Location;
 
 use crate::experiment::Experiment;
 
@@ -495,32 +495,6 @@ impl Store {
             });
         }
         Ok(out)
-    }
-
-    /// Stores the result of a queued job once: `false` when that job id is already stored
-    /// (a redelivered job that was finished before).
-    pub async fn put_job_result(
-        &self,
-        job_id: &str,
-        run: &str,
-        result: &str,
-    ) -> Result<bool, StoreError> {
-        let q = "INSERT INTO eval_results (job_id, run, result, ts) VALUES ($1, $2, $3, $4) ON CONFLICT (job_id) DO NOTHING";
-        let n = on_pool!(self, p => sqlx::query(q).bind(job_id).bind(run).bind(result).bind(now()).execute(p).await?.rows_affected());
-        Ok(n == 1)
-    }
-
-    /// The stored results of a run's jobs, by job id (what the store tests read back; workers
-    /// only write them).
-    #[cfg(test)]
-    pub(crate) async fn job_results(
-        &self,
-        run: &str,
-    ) -> Result<BTreeMap<String, String>, StoreError> {
-        let q = "SELECT job_id, result FROM eval_results WHERE run = $1";
-        let rows: Vec<(String, String)> =
-            on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await?);
-        Ok(rows.into_iter().collect())
     }
 
     /// On PostgreSQL, calls `changed` at every experiment change announced by any replica

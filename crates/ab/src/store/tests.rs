@@ -59,7 +59,6 @@ on_both!(
     results_attribute_events_to_the_units_variant_and_skip_forced,
     sql_aggregates_equal_the_statistics_of_every_value,
     a_batch_retried_concurrently_through_another_connection_is_stored_once,
-    job_results_are_stored_once_per_job,
     ratio_metrics_history_and_adjustments_come_from_the_database,
     constrained_answers_give_each_variant_its_share_finished_inside_the_grammar,
     automatic_metrics_are_one_value_per_unit_unless_asked_per_request,
@@ -384,24 +383,6 @@ async fn a_batch_retried_concurrently_through_another_connection_is_stored_once(
     assert_eq!(s2.count_events("aa").await.unwrap(), 50);
 }
 
-async fn job_results_are_stored_once_per_job(f: &Fresh) {
-    let s = f.store().await;
-    assert!(s
-        .put_job_result("run1/r1/a", "run1", "{\"x\":1}")
-        .await
-        .unwrap());
-    assert!(
-        !s.put_job_result("run1/r1/a", "run1", "{\"x\":2}")
-            .await
-            .unwrap(),
-        "a redelivered job is stored once"
-    );
-    assert!(s.put_job_result("run2/r1/a", "run2", "{}").await.unwrap());
-    let r = s.job_results("run1").await.unwrap();
-    assert_eq!(r.len(), 1);
-    assert_eq!(r["run1/r1/a"], "{\"x\":1}");
-}
-
 /// Stores made before sqlx (rusqlite, `user_version` 1) open with their rows.
 #[tokio::test]
 async fn a_store_from_before_sqlx_keeps_its_rows() {
@@ -468,34 +449,6 @@ async fn postgres_announces_experiment_changes() {
         "SQLite has nothing to watch"
     );
     f.drop().await;
-}
-
-#[test]
-fn urls_lose_their_password_in_logs() {
-    assert_eq!(
-        url_without_password("postgres://u:secret@h:5432/db").unwrap(),
-        "postgres://u@h:5432/db"
-    );
-    assert_eq!(
-        url_without_password("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(),
-        "amqp://guest@127.0.0.1:5672/%2f"
-    );
-    assert_eq!(
-        url_without_password("postgres://h/db").unwrap(),
-        "postgres://h/db"
-    );
-    assert_eq!(
-        "postgres://u:pw@h/db"
-            .parse::<Location>()
-            .unwrap()
-            .describe(),
-        "postgres://u@h/db"
-    );
-    assert_eq!(
-        "/var/data".parse::<Location>().unwrap(),
-        Location::Sqlite("/var/data/abserve.db".into())
-    );
-    assert!("mysql://h/db".parse::<Location>().is_err());
 }
 
 /// A full disk fails writes; it must not leave a pooled connection inside a transaction (it would

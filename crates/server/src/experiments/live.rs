@@ -16,7 +16,8 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use abserve_ab::{Experiment, Exposure, Location, Store};
+use abserve_ab::{Experiment, Exposure, Store};
+use abserve_protocol::location::Location;
 
 use crate::error::ApiError;
 

@@ -89,7 +89,7 @@ async fn app_of(
             (
                 Some(
                     AbState::open(
-                        &abserve_ab::Location::Sqlite(dir.join("abserve.db")),
+                        &abserve_protocol::location::Location::Sqlite(dir.join("abserve.db")),
                         Some(&file),
                         false,
                         Duration::from_secs(2),
