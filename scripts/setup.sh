@@ -16,6 +16,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # PATH, so a second build of the same llama.cpp on this machine (another clone, the Vulkan
 # feature, CI again) takes its objects from ~/.cache/ccache instead of compiling them again
 command -v ccache >/dev/null 2>&1 || need+=(ccache)
+# sccache: the same for Rust crates (and the C code of -sys crates), used by scripts/test.sh
+command -v sccache >/dev/null 2>&1 || need+=(sccache)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   sudo=""

