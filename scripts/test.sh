@@ -48,10 +48,11 @@ export CCACHE_BASEDIR=$PWD
 # their sources, flags and working directory: a clean clone on this machine takes the
 # dependencies' objects from it instead of compiling them again (the workspace's own crates,
 # whose working directory is the clone, are compiled). A fresh machine fills it as it builds.
-# The server is started here with no terminal or pipe of ours, and stopped at the end.
+# The server is started here with no terminal or pipe of ours, kept through the tests (no idle
+# timeout: the Vulkan build comes after them) and stopped at the end.
 if [ -z "${RUSTC_WRAPPER:-}" ] && command -v sccache >/dev/null 2>&1; then
   export RUSTC_WRAPPER=sccache
-  sccache --start-server </dev/null >/dev/null 2>&1 || true
+  SCCACHE_IDLE_TIMEOUT=0 sccache --start-server </dev/null >/dev/null 2>&1 || true
   trap 'sccache --show-stats 2>/dev/null | grep -E "^(Compile requests|Cache hits|Cache misses) " ; sccache --stop-server >/dev/null 2>&1' EXIT
 fi
 mark "setup"
