@@ -11,7 +11,6 @@
 //!   table (its migration 0002, kept there for the history of existing databases): the same
 //!   columns, so either side may create it first.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use abserve_protocol::location::Location;
@@ -121,8 +120,13 @@ impl Ledger {
         Ok(done.map_err(failed("storing a result"))? == 1)
     }
 
-    /// The stored results of a run's jobs, by job id.
-    pub async fn results(&self, run: &str) -> Result<BTreeMap<String, String>, QueueError> {
+    /// The stored results of a run's jobs, by job id (what the tests read back; workers only
+    /// write them, and the eval reads its results from the broker).
+    #[cfg(test)]
+    async fn results(
+        &self,
+        run: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, QueueError> {
         let q = "SELECT job_id, result FROM eval_results WHERE run = $1";
         let rows: Result<Vec<(String, String)>, _> =
             on_pool!(self, p => sqlx::query_as(q).bind(run).fetch_all(p).await);
