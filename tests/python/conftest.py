@@ -15,9 +15,9 @@ MODEL_ID = "smol"
 
 
 class Server:
-    def __init__(self, *extra, context=512, model=MODEL, defaults=False):
+    def __init__(self, *extra, context=512, model=MODEL, defaults=False, log=None):
         """`defaults`: abserve's own memory budget, context and KV cells instead of the tests'
-        small ones."""
+        small ones; `log`: a file for its log (stderr)."""
         assert BINARY.exists(), "build first: cargo build --release"
         self.data_dir = tempfile.mkdtemp(prefix="abserve-py-")
         sizes = [] if defaults else ["--memory-budget", "1GiB", "--context", str(context), "--kv-cells", "4096"]
@@ -25,7 +25,8 @@ class Server:
             str(BINARY), "serve", "--model", str(model), "--model-id", MODEL_ID, "--port", "0",
             "--threads", "2", *sizes, "--data-dir", self.data_dir, *extra,
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        err = open(log, "w") if log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
         self.base = None
         ready = threading.Event()
 

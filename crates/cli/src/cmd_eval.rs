@@ -53,6 +53,9 @@ pub struct EvalArgs {
     pub max_retries: u32,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// In process: models served elsewhere that variants may name (`--upstream ID=URL`).
+    #[command(flatten)]
+    pub upstreams: crate::upstreams::UpstreamArgs,
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -180,16 +183,17 @@ fn report(
 /// In process: every model a variant names must be one of the `--model` flags (checked before
 /// any model loads).
 fn models_named(a: &EvalArgs, cfg: &EvalConfig) -> anyhow::Result<()> {
-    let ids: Vec<String> = a
+    let mut ids: Vec<String> = a
         .model
         .models_sharing(|_| Ok(()))?
         .into_iter()
         .map(|m| m.id)
         .collect();
+    ids.extend(a.upstreams.configs()?.into_iter().map(|c| c.id));
     for v in &cfg.experiment.variants {
         if let Some(m) = v.model.as_ref().filter(|m| !ids.contains(m)) {
             anyhow::bail!(
-                "variant '{}' names the model '{m}', and this eval runs {} in process (add --model {m}=FILE)",
+                "variant '{}' names the model '{m}', and this eval runs {} in process (add --model {m}=FILE or --upstream {m}=URL)",
                 v.id,
                 ids.join(", ")
             );
@@ -215,6 +219,7 @@ async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
                 tokio::task::spawn_blocking(move || abserve_engine::models::start_all(models))
                     .await??;
             let registry = abserve_models::Registry::local(engines).map_err(anyhow::Error::msg)?;
+            let registry = a.upstreams.extend(registry, None).await?;
             Source::Target(Arc::new(Target::Engine(Arc::new(registry))))
         }
     })

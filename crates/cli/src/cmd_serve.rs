@@ -8,11 +8,14 @@ use abserve_server::{AbState, AppState, ServerConfig};
 use clap::Args;
 
 use crate::args::ModelArgs;
+use crate::upstreams::UpstreamArgs;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub upstreams: UpstreamArgs,
     /// Address to bind (loopback unless told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -112,6 +115,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         poll,
     ))?;
     let (registry, metrics) = abserve_server::start_models(models)?;
+    let registry = rt.block_on(a.upstreams.extend(registry, a.max_queue))?;
     ab.check(&registry)?;
     let context = registry.default_entry().capacity().context;
     let config = ServerConfig {

@@ -18,6 +18,7 @@ use clap::Args;
 use prometheus::{Counter, IntCounterVec, IntGauge, Opts};
 
 use crate::args::ModelArgs;
+use crate::upstreams::UpstreamArgs;
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -40,6 +41,8 @@ pub struct WorkerArgs {
     pub listen: Option<SocketAddr>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub upstreams: UpstreamArgs,
 }
 
 pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
@@ -56,6 +59,7 @@ pub fn run(a: WorkerArgs) -> anyhow::Result<()> {
         None => None,
     };
     let (registry, metrics) = abserve_server::start_models(a.model.model_configs()?)?;
+    let registry = rt.block_on(a.upstreams.extend(registry, None))?;
     for m in registry.iter() {
         if let Some(plan) = m.plan() {
             eprintln!(

@@ -12,6 +12,7 @@ mod cmd_plan_models;
 mod cmd_serve;
 mod cmd_worker;
 mod plan_table;
+mod upstreams;
 
 use clap::{Parser, Subcommand};
 

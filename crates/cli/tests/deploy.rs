@@ -136,6 +136,22 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported() {
             );
             continue;
         }
+        // upstream series exist with an upstream configured; tests/python/test_upstreams.py
+        // scrapes them from a server with real upstreams
+        if name.starts_with("abserve_upstream_") {
+            let upstream = [
+                names::UPSTREAM_BREAKER_STATE,
+                names::UPSTREAM_SATURATED,
+                names::UPSTREAM_SATURATION,
+                names::UPSTREAM_REQUESTS_IN_FLIGHT,
+                names::UPSTREAM_TOKENS_RESERVED,
+            ];
+            assert!(
+                upstream.contains(&name.as_str()),
+                "{name} is used but abserve does not export it"
+            );
+            continue;
+        }
         // the worker's job series are exported by `abserve worker --listen`, which
         // scale_out's dead-letter test scrapes and checks
         if name.starts_with("abserve_worker_") {

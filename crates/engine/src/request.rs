@@ -152,6 +152,11 @@ pub enum GenerationError {
     /// The grammar failed during generation (llguidance's per-step limits).
     #[error("the grammar failed during generation: {0}")]
     Grammar(String),
+    /// A model served elsewhere refused the request or failed it; `status` is the HTTP status
+    /// abserve answers with (400 refused, 502 a bad answer, 503 unavailable, 504 a timeout) and
+    /// `message` names the upstream.
+    #[error("{message}")]
+    Upstream { status: u16, message: String },
 }
 
 impl GenerationError {
@@ -165,6 +170,7 @@ impl GenerationError {
             GenerationError::EngineStopped => "engine_stopped",
             GenerationError::Internal(_) => "internal",
             GenerationError::Grammar(_) => "grammar",
+            GenerationError::Upstream { .. } => "upstream",
         }
     }
 }

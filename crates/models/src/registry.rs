@@ -114,6 +114,11 @@ pub trait Model: Send + Sync + 'static {
         group: Option<String>,
         kv_share: Option<f64>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
+    /// Series of its own for `/metrics` (a model served elsewhere: its replicas' load, breakers,
+    /// retries, errors, spend), registered by the server beside its own.
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![]
+    }
     /// Its tokens, when this process runs it (log-probabilities as text, prompts given as token
     /// ids, adapters, the device): the engine's own seam.
     fn tokens(&self) -> Option<&dyn EngineApi> {
@@ -169,6 +174,14 @@ impl Registry {
                 })
                 .collect(),
         )
+    }
+
+    /// This registry with `more` after its entries (models served elsewhere beside the engines
+    /// of this process); refused when an id repeats.
+    pub fn extended(self, more: Vec<Entry>) -> Result<Registry, String> {
+        let mut entries = self.entries;
+        entries.extend(more);
+        Registry::new(entries)
     }
 
     /// The default model (requests that name no other, variants without `model`).

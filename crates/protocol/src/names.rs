@@ -119,3 +119,26 @@ pub const MODEL_GENERATED_TOKENS: &str = "abserve_model_generated_tokens_total";
 /// makes llama.cpp reserve that context's compute graphs again; with lanes, rare).
 pub const MODEL_ADAPTER_SET_CHANGES: &str = "abserve_model_adapter_set_changes_total";
 pub const PREFIX: &str = "abserve_";
+
+/// Models served elsewhere (`--upstream`): label `model` (the upstream's id), and `url` (one of
+/// its replicas, as the operator configured it) where it says so.
+/// Requests abserve has running at a replica (label `url`).
+pub const UPSTREAM_REQUESTS_IN_FLIGHT: &str = "abserve_upstream_requests_in_flight";
+/// Tokens (prompt + `max_tokens`) reserved at a replica (label `url`).
+pub const UPSTREAM_TOKENS_RESERVED: &str = "abserve_upstream_tokens_reserved";
+/// A replica's KV capacity in tokens and its sequence slots, as it said or as configured.
+pub const UPSTREAM_TOKEN_CAPACITY: &str = "abserve_upstream_token_capacity";
+pub const UPSTREAM_SEQ_SLOTS: &str = "abserve_upstream_seq_slots";
+/// A replica's own saturation as scraped from its `/metrics` (0 to 1).
+pub const UPSTREAM_SATURATION: &str = "abserve_upstream_saturation";
+/// A replica is held back for saturation (1) or not (0).
+pub const UPSTREAM_SATURATED: &str = "abserve_upstream_saturated";
+/// A replica's circuit breaker: 0 closed, 1 open, 2 half-open.
+pub const UPSTREAM_BREAKER_STATE: &str = "abserve_upstream_breaker_state";
+pub const UPSTREAM_RETRIES: &str = "abserve_upstream_retries_total";
+/// Label `class`: refused, bad_answer, unavailable, timeout.
+pub const UPSTREAM_ERRORS: &str = "abserve_upstream_errors_total";
+/// Spend at the configured prices (currency units).
+pub const UPSTREAM_SPEND: &str = "abserve_upstream_spend_total";
+pub const UPSTREAM_REQUEST_SECONDS: &str = "abserve_upstream_request_seconds";
+pub const UPSTREAM_TTFT_SECONDS: &str = "abserve_upstream_time_to_first_token_seconds";

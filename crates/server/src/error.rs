@@ -46,6 +46,15 @@ impl ApiError {
             abserve_engine::GenerationError::Grammar(_) => {
                 Self::invalid_param("response_format", e.to_string())
             }
+            abserve_engine::GenerationError::Upstream { status, message } => {
+                let (code, kind) = match status {
+                    400 => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+                    502 => (StatusCode::BAD_GATEWAY, "server_error"),
+                    504 => (StatusCode::GATEWAY_TIMEOUT, "server_error"),
+                    _ => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+                };
+                Self::new(code, kind, message)
+            }
             e => Self::unavailable(e.to_string()),
         }
     }

@@ -367,6 +367,14 @@ impl Metrics {
     pub fn add_models(&self, registry: &abserve_models::Registry) {
         for e in registry.iter() {
             self.models.add(e.clone());
+            for c in e.collectors() {
+                if let Err(err) = self.registry.register(c) {
+                    tracing::warn!(
+                        "the series of model '{}' could not be registered: {err}",
+                        e.id
+                    );
+                }
+            }
         }
     }
 

@@ -377,6 +377,8 @@ impl Chunker {
 struct Seen {
     first_done: Option<Completion>,
     first_error: Option<String>,
+    /// Its exposure was recorded (at the stream's end, or when it was dropped before).
+    recorded: bool,
     tally: Tally,
 }
 
@@ -402,12 +404,8 @@ fn role_chunks(chunker: &Chunker, choices: usize) -> Vec<Chunk> {
         .collect()
 }
 
-/// Merges the per-choice event streams into OpenAI's chunk sequence.
-pub(crate) fn stream_response(
-    state: Arc<AppState>,
-    req: ValidRequest,
-    rxs: Vec<UnboundedReceiver<Event>>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+/// What turns a streamed request's events into chunks: its template and its choices' tools.
+fn chunker(state: &Arc<AppState>, req: &ValidRequest) -> Chunker {
     let object = if req.kind == Kind::Chat {
         "chat.completion.chunk"
     } else {
@@ -438,6 +436,16 @@ pub(crate) fn stream_response(
                 .collect(),
         )),
     };
+    chunker
+}
+
+/// Merges the per-choice event streams into OpenAI's chunk sequence.
+pub(crate) fn stream_response(
+    state: Arc<AppState>,
+    req: ValidRequest,
+    rxs: Vec<UnboundedReceiver<Event>>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let chunker = chunker(&state, &req);
     // role chunks first (chat only)
     let head = role_chunks(&chunker, rxs.len());
     let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
@@ -451,9 +459,17 @@ pub(crate) fn stream_response(
     let seen: Arc<Mutex<Seen>> = Default::default();
     let body = {
         let (chunker, seen) = (chunker.clone(), seen.clone());
+        // a client that stops reading (the openai SDK raises at an error event and closes) drops
+        // the stream before its tail: the exposure is recorded then
+        let on_drop = RecordOnDrop {
+            state: state.clone(),
+            routed: req.routed.clone(),
+            seen: seen.clone(),
+        };
         merged
             .filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev)))
             .map(move |p| {
+                let _ = &on_drop;
                 // a poisoned lock is read through: the fields stay consistent (plain assignments)
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
                 let events = match p {
@@ -483,6 +499,34 @@ pub(crate) fn stream_response(
     Sse::new(events)
 }
 
+/// Records a routed stream's exposure when the stream is dropped before its end, once an answer
+/// or an error was seen (a client gone before either leaves none, as before).
+struct RecordOnDrop {
+    state: Arc<AppState>,
+    routed: Option<crate::experiments::Routed>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Drop for RecordOnDrop {
+    fn drop(&mut self) {
+        let Some(r) = self.routed.take() else { return };
+        let (done, err) = {
+            let mut s = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if s.recorded || (s.first_done.is_none() && s.first_error.is_none()) {
+                return;
+            }
+            s.recorded = true;
+            (s.first_done.clone(), s.first_error.clone())
+        };
+        let state = self.state.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = state.experiments.record(&r, done.as_ref(), err).await;
+            });
+        }
+    }
+}
+
 /// After the last choice ended: records the exposure, then gives the usage chunk if asked for.
 async fn finish_stream(
     state: Arc<AppState>,
@@ -490,11 +534,17 @@ async fn finish_stream(
     chunker: Chunker,
     seen: Arc<Mutex<Seen>>,
 ) -> Option<Result<SseEvent, Infallible>> {
-    let (done, err, tally) = {
-        let s = seen.lock().unwrap_or_else(|p| p.into_inner());
-        (s.first_done.clone(), s.first_error.clone(), s.tally.clone())
+    let (done, err, tally, recorded) = {
+        let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+        let recorded = std::mem::replace(&mut s.recorded, true);
+        (
+            s.first_done.clone(),
+            s.first_error.clone(),
+            s.tally.clone(),
+            recorded,
+        )
     };
-    if let Some(r) = &req.routed {
+    if let (Some(r), false) = (&req.routed, recorded) {
         // failures are logged and counted by expose
         let _ = state.experiments.record(r, done.as_ref(), err).await;
     }

@@ -1,0 +1,388 @@
+"""Models served elsewhere (issue 43), against real engines: llama.cpp's own server (xllamacpp,
+4 slots of 512 tokens, with /props, /tokenize, /slots and /metrics) and a second abserve process
+are upstreams of an abserve that also runs its local model; the client is the official openai SDK.
+
+What is shown: both upstreams are listed and answer chats (whole and streamed, with the
+upstream's own usage; greedy text identical to asking llama.cpp directly); an experiment with a
+local variant and two upstream variants routes units stickily, fans out to all three and
+records exposures; under a 64-request burst abserve never has more requests at llama.cpp than
+its slots (read from /slots every 50 ms), llama.cpp never defers one, and the excess gets 429
+with Retry-After; an upstream driven to saturation by another client holds abserve's work back
+until it falls; an upstream killed mid-stream gives the client an error and the variant an
+error exposure; API keys appear in no output."""
+import concurrent.futures as cf
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import MODEL_ID, ROOT, Server
+from test_adapters import http
+
+sys.path.insert(0, str(ROOT / "bench"))
+from before_after import start_peer, stop  # noqa: E402
+
+SLOTS, CTX = 4, 512
+SECRET = "sk-upstream-secret-4711"
+LLAMA_SETTINGS = ["p.endpoint_slots = True", "p.endpoint_props = True"]
+
+EXPERIMENT = """
+[[experiment]]
+name = "where"
+[[experiment.variants]]
+id = "local"
+max_tokens = 4
+[[experiment.variants]]
+id = "llama"
+model = "llama"
+max_tokens = 4
+[[experiment.variants]]
+id = "peer"
+model = "peer"
+max_tokens = 4
+"""
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def text(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
+
+
+def metric(body, name):
+    for line in body.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture(scope="module")
+def env():
+    llama, llama_url = start_peer(SLOTS, CTX, LLAMA_SETTINGS)
+    peer = Server()
+    d = tempfile.mkdtemp(prefix="abserve-up-")
+    exp = os.path.join(d, "e.toml")
+    with open(exp, "w") as f:
+        f.write(EXPERIMENT)
+    keys = os.path.join(d, "u.toml")
+    with open(keys, "w") as f:
+        f.write(f'[[upstream]]\nid = "peer"\nurl = "{peer.url}"\napi_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n')
+    os.environ["ABSERVE_TEST_UPSTREAM_KEY"] = SECRET
+    main = Server("--upstream", f"llama={llama_url}/v1", "--upstreams", keys, "--experiments", exp,
+                  "--queue-timeout", "20", log=os.path.join(d, "log.txt"))
+    try:
+        yield {"llama": llama_url, "peer": peer, "main": main, "dir": d,
+               "client": openai.OpenAI(base_url=main.url, api_key="unused")}
+    finally:
+        main.stop()
+        peer.stop()
+        stop(llama)
+
+
+def test_models_lists_the_upstreams_with_their_engines(env):
+    models = {m.id: m.owned_by for m in env["client"].models.list().data}
+    assert models == {MODEL_ID: "abserve", "llama": "llama.cpp", "peer": "abserve"}
+
+
+def test_a_chat_is_relayed_with_the_upstreams_usage(env):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    direct = openai.OpenAI(base_url=env["llama"] + "/v1", api_key="none").chat.completions.create(
+        model="m", messages=msgs, max_tokens=12, temperature=0)
+    r = env["client"].chat.completions.create(model="llama", messages=msgs, max_tokens=12, temperature=0)
+    assert r.model == "llama"
+    assert r.choices[0].message.content == direct.choices[0].message.content
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (direct.usage.prompt_tokens, direct.usage.completion_tokens)
+    chunks = list(env["client"].chat.completions.create(
+        model="llama", messages=msgs, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == direct.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1, "relayed as it arrives"
+    assert chunks[-1].usage.completion_tokens == direct.usage.completion_tokens
+    # the second abserve answers through its API key
+    r = env["client"].chat.completions.create(model="peer", messages=msgs, max_tokens=3)
+    assert r.usage.completion_tokens == 3 and r.model == "peer"
+
+
+def test_what_the_upstream_cannot_hold_is_refused_before_it_is_sent(env):
+    long = "word " * 600
+    with pytest.raises(openai.BadRequestError) as e:
+        env["client"].chat.completions.create(model="llama", messages=[{"role": "user", "content": long}], max_tokens=4)
+    assert "llama" in str(e.value) and str(CTX) in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        env["client"].chat.completions.create(model="llama", messages=[{"role": "user", "content": "hi"}],
+                                              extra_body={"adapters": [{"path": "x.gguf"}]})
+    assert "adapters" in str(e.value)
+
+
+def test_an_experiment_routes_units_and_fans_out_across_local_and_upstream_variants(env):
+    c = env["client"]
+    seen = {}
+    for u in range(24):
+        raw = c.chat.completions.with_raw_response.create(
+            model="experiment:where", messages=[{"role": "user", "content": "Hi"}], user=f"u{u}")
+        v = raw.headers["x-abserve-variant"]
+        seen[f"u{u}"] = v
+        r = raw.parse()
+        assert r.usage.completion_tokens <= 4
+    assert set(seen.values()) == {"local", "llama", "peer"}
+    for u in list(seen)[:6]:
+        raw = c.chat.completions.with_raw_response.create(
+            model="experiment:where", messages=[{"role": "user", "content": "Again"}], user=u)
+        assert raw.headers["x-abserve-variant"] == seen[u], "sticky"
+    status, body = http("POST", env["main"].url + "/experiments/where/fanout", {"input": "Name a colour."})
+    assert status == 200, body
+    res = {r["variant"]: r for r in json.loads(body)["results"]}
+    assert {v: r["model"] for v, r in res.items()} == {"local": MODEL_ID, "llama": "llama", "peer": "peer"}
+    for r in res.values():
+        assert r["error"] is None and r["output"] and 0 < r["completion_tokens"] <= 4 and r["ttft_ms"] > 0
+    status, body = http("GET", env["main"].url + "/experiments/where/results")
+    assert status == 200, body
+    variants = {v["id"]: v for v in json.loads(body)["variants"]}
+    for v in ("local", "llama", "peer"):
+        assert variants[v]["exposures"] >= 1
+    status, body = http("GET", env["main"].url + "/experiments/where/exposures")
+    assert status == 200, body
+    ex = [e for e in json.loads(body)["exposures"] if e["variant"] == "llama"]
+    assert ex and all(e["output_tokens"] and e["latency_ms"] > 0 and e["ttft_ms"] > 0 for e in ex)
+
+
+def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):
+    busiest = [0]
+    stop_poll = threading.Event()
+
+    def poll():
+        while not stop_poll.is_set():
+            slots = get(env["llama"] + "/slots")
+            busiest[0] = max(busiest[0], sum(1 for s in slots if s["is_processing"]))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    c = openai.OpenAI(base_url=env["main"].url, api_key="unused", max_retries=0)
+
+    def one(i):
+        try:
+            r = c.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=48,
+                extra_body={"ignore_eos": True})
+            return 200, r.parse().usage.completion_tokens
+        except openai.RateLimitError as e:
+            return 429, e.response.headers.get("retry-after")
+        except openai.APIStatusError as e:
+            return e.status_code, e.message
+
+    try:
+        with cf.ThreadPoolExecutor(64) as pool:
+            out = list(pool.map(one, range(64)))
+    finally:
+        stop_poll.set()
+        poller.join()
+    codes = [o[0] for o in out]
+    assert set(codes) <= {200, 429}, out
+    assert codes.count(200) >= SLOTS
+    assert all(o[1] == 48 for o in out if o[0] == 200)
+    assert all(o[1] and int(o[1]) >= 1 for o in out if o[0] == 429), "429 carries Retry-After"
+    assert busiest[0] <= SLOTS
+    assert metric(text(env["llama"] + "/metrics"), "llamacpp:requests_deferred") == 0
+
+
+def test_a_saturated_upstream_holds_new_work_back_until_it_falls(env):
+    direct = openai.OpenAI(base_url=env["llama"] + "/v1", api_key="none")
+    msgs = [{"role": "user", "content": "Tell a long story."}]
+    # another client fills every slot of llama.cpp
+    with cf.ThreadPoolExecutor(SLOTS + 1) as pool:
+        others = [pool.submit(direct.chat.completions.create, model="m", messages=msgs, max_tokens=160,
+                              extra_body={"ignore_eos": True}) for _ in range(SLOTS)]
+        deadline = time.time() + 20
+        while sum(1 for s in get(env["llama"] + "/slots") if s["is_processing"]) < SLOTS:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        time.sleep(1.5)  # a scrape of its /metrics
+        ours = pool.submit(env["client"].chat.completions.create, model="llama", messages=msgs, max_tokens=2)
+        time.sleep(1.0)
+        m = text(env["main"].base + "/metrics")
+        assert metric(m, 'abserve_model_requests_waiting{model="llama"}') == 1, "held back in abserve's queue"
+        assert not ours.done()
+        for o in others:
+            o.result()
+        assert ours.result(timeout=30).usage.completion_tokens == 2
+    assert metric(text(env["llama"] + "/metrics"), "llamacpp:requests_deferred") == 0
+
+
+def test_keys_appear_in_no_output(env):
+    main = env["main"]
+    outs = [text(main.base + "/metrics"), json.dumps(get(main.url + "/models")),
+            http("GET", main.url + "/experiments")[1], http("GET", main.url + "/experiments/where/exposures")[1],
+            text(main.base + "/ready"), text(main.base + "/")]
+    with open(os.path.join(env["dir"], "log.txt")) as f:
+        outs.append(f.read())
+    for o in outs:
+        assert SECRET not in o
+
+
+def test_an_upstream_killed_mid_stream_is_an_error_for_the_client_and_the_variant():
+    llama, url = start_peer(1, CTX, LLAMA_SETTINGS)
+    d = tempfile.mkdtemp(prefix="abserve-up-")
+    exp = os.path.join(d, "e.toml")
+    with open(exp, "w") as f:
+        f.write('[[experiment]]\nname = "dies"\n'
+                '[[experiment.variants]]\nid = "local"\nweight = 0\n'
+                '[[experiment.variants]]\nid = "gone"\nmodel = "llama"\n')
+    s = Server("--upstream", f"llama={url}", "--experiments", exp)
+    try:
+        c = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0)
+        stream = c.chat.completions.create(model="experiment:dies", user="u1", stream=True, max_tokens=400,
+                                           messages=[{"role": "user", "content": "Tell a long story."}],
+                                           extra_body={"ignore_eos": True})
+        got = []
+        with pytest.raises(openai.APIError) as e:
+            for ch in stream:
+                if ch.choices and ch.choices[0].delta.content:
+                    got.append(ch.choices[0].delta.content)
+                    if len(got) == 3:
+                        llama.kill()
+        assert len(got) >= 3
+        assert "llama" in str(e.value)
+        deadline = time.time() + 10
+        while True:
+            status, body = http("GET", s.url + "/experiments/dies/exposures")
+            ex = json.loads(body)["exposures"]
+            if ex or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(ex) == 1 and ex[0]["variant"] == "gone" and "llama" in ex[0]["error"]
+    finally:
+        s.stop()
+        stop(llama)
+
+
+class FaultProxy:
+    """A fault in front of the real engine: every request is passed to llama.cpp's server, except
+    chat requests while `mode` says otherwise: `429` (answered 429 with Retry-After: 1, `left`
+    times), `stall` (never answers), `garbage` (a 200 stream of what is not JSON), `500`."""
+
+    def __init__(self, target):
+        import http.server
+        proxy = self
+        self.mode, self.left, self.chats = "pass", 0, 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def relay(self, method):
+                n = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(n) if n else None
+                if self.path.endswith("/chat/completions"):
+                    proxy.chats += 1
+                    mode = proxy.mode
+                    if mode == "429" and proxy.left > 0:
+                        proxy.left -= 1
+                        return self.answer(429, b'{"error": {"message": "slow down"}}', {"Retry-After": "1"})
+                    if mode == "stall":
+                        time.sleep(30)
+                        return
+                    if mode == "garbage":
+                        return self.answer(200, b"data: {this is not json\n\n", {"Content-Type": "text/event-stream"})
+                    if mode == "500":
+                        return self.answer(500, b'{"error": {"message": "internal"}}', {})
+                req = urllib.request.Request(target + self.path, data=body, method=method,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        self.answer(r.status, r.read(), {"Content-Type": r.headers.get("content-type", "")})
+                except urllib.error.HTTPError as e:
+                    self.answer(e.code, e.read(), {})
+
+            def answer(self, status, data, headers):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+            def do_GET(self):
+                self.relay("GET")
+
+            def do_POST(self):
+                self.relay("POST")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+
+
+def test_faults_are_retried_timed_out_reported_and_broken_off(env):
+    proxy = FaultProxy(env["llama"])
+    d = env["dir"]
+    conf = os.path.join(d, "faulty.toml")
+    with open(conf, "w") as f:
+        f.write(f'[[upstream]]\nid = "faulty"\nurl = "{proxy.url}/v1"\nfirst_token_timeout = 2\n'
+                'total_timeout = 6\nretries = 2\nbreaker_failures = 3\nbreaker_cooldown = 2\n')
+    s = Server("--upstreams", conf, "--queue-timeout", "10")
+    try:
+        c = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "Hi"}]
+        m0 = text(s.base + "/metrics")
+        # 429 with Retry-After twice: retried after it, then answered by the engine
+        proxy.mode, proxy.left, proxy.chats = "429", 2, 0
+        t0 = time.time()
+        r = c.chat.completions.create(model="faulty", messages=msgs, max_tokens=3)
+        assert r.usage.completion_tokens == 3 and proxy.chats == 3
+        assert time.time() - t0 >= 2.0, "Retry-After honoured"
+        assert metric(text(s.base + "/metrics"), 'abserve_upstream_retries_total{model="faulty"}') == 2
+        # a malformed body: 502 naming the upstream
+        proxy.mode = "garbage"
+        with pytest.raises(openai.APIStatusError) as e:
+            c.chat.completions.create(model="faulty", messages=msgs, max_tokens=3)
+        assert e.value.status_code == 502 and "faulty" in e.value.message
+        # a stalled upstream: 504 within the total timeout, nothing left running
+        proxy.mode = "stall"
+        t0 = time.time()
+        with pytest.raises(openai.APIStatusError) as e:
+            c.chat.completions.create(model="faulty", messages=msgs, max_tokens=3)
+        assert e.value.status_code == 504 and "faulty" in e.value.message, e.value.message
+        assert time.time() - t0 < 10
+        m = text(s.base + "/metrics")
+        assert metric(m, 'abserve_upstream_requests_in_flight{model="faulty",url="' + proxy.url + '/v1"}') == 0
+        # three failures in a row opened the breaker: /ready says so, requests fail fast with 503
+        assert metric(m, 'abserve_upstream_breaker_state{model="faulty",url="' + proxy.url + '/v1"}') == 1, m
+        status, body = http("GET", s.base + "/ready")
+        assert status == 503 and "breaker" in body, body
+        proxy.mode = "pass"
+        chats = proxy.chats
+        with pytest.raises(openai.APIStatusError) as e:
+            c.chat.completions.create(model="faulty", messages=msgs, max_tokens=3)
+        assert e.value.status_code == 503 and "breaker" in e.value.message
+        assert proxy.chats == chats, "nothing sent while open"
+        # after the cooldown one probe goes through; its success closes the breaker
+        time.sleep(2.5)
+        r = c.chat.completions.create(model="faulty", messages=msgs, max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        m = text(s.base + "/metrics")
+        assert metric(m, 'abserve_upstream_breaker_state{model="faulty",url="' + proxy.url + '/v1"}') == 0
+        assert metric(m, 'abserve_upstream_errors_total{class="bad_answer",model="faulty"}') == 1, m
+        status, _ = http("GET", s.base + "/ready")
+        assert status == 200
+        assert m0 is not None
+    finally:
+        s.stop()
+        proxy.stop()
