@@ -13,6 +13,7 @@ error exposure; API keys appear in no output."""
 import concurrent.futures as cf
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -22,13 +23,14 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import MODEL_ID, ROOT, Server
+from conftest import BINARY, MODEL_ID, ROOT, Server
 from test_adapters import http
 
 sys.path.insert(0, str(ROOT / "bench"))
 from before_after import start_peer, stop  # noqa: E402
 
 SLOTS, CTX = 4, 512
+AMQP = os.environ.get("ABSERVE_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2f")
 SECRET = "sk-upstream-secret-4711"
 LLAMA_SETTINGS = ["p.endpoint_slots = True", "p.endpoint_props = True"]
 
@@ -76,7 +78,9 @@ def env():
         f.write(EXPERIMENT)
     keys = os.path.join(d, "u.toml")
     with open(keys, "w") as f:
-        f.write(f'[[upstream]]\nid = "peer"\nurl = "{peer.url}"\napi_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n')
+        f.write(f'[[upstream]]\nid = "peer"\nurl = "{peer.url}"\napi_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n'
+                f'[[upstream]]\nid = "claude"\nurl = "{llama_url}"\nprotocol = "anthropic"\nmodel = "m"\n'
+                'api_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n')
     os.environ["ABSERVE_TEST_UPSTREAM_KEY"] = SECRET
     main = Server("--upstream", f"llama={llama_url}/v1", "--upstreams", keys, "--experiments", exp,
                   "--queue-timeout", "20", log=os.path.join(d, "log.txt"))
@@ -91,7 +95,7 @@ def env():
 
 def test_models_lists_the_upstreams_with_their_engines(env):
     models = {m.id: m.owned_by for m in env["client"].models.list().data}
-    assert models == {MODEL_ID: "abserve", "llama": "llama.cpp", "peer": "abserve"}
+    assert models == {MODEL_ID: "abserve", "llama": "llama.cpp", "peer": "abserve", "claude": "llama.cpp"}
 
 
 def test_a_chat_is_relayed_with_the_upstreams_usage(env):
@@ -111,6 +115,60 @@ def test_a_chat_is_relayed_with_the_upstreams_usage(env):
     # the second abserve answers through its API key
     r = env["client"].chat.completions.create(model="peer", messages=msgs, max_tokens=3)
     assert r.usage.completion_tokens == 3 and r.model == "peer"
+
+
+def test_anthropics_messages_api_is_spoken_both_ways(env):
+    """llama.cpp's server also serves Anthropic's /v1/messages: the same greedy answer comes back
+    through the translation, whole and streamed, with the usage the Messages API reported."""
+    msgs = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a fruit."}]
+    direct = openai.OpenAI(base_url=env["llama"] + "/v1", api_key="none").chat.completions.create(
+        model="m", messages=msgs, max_tokens=10, temperature=0)
+    r = env["client"].chat.completions.create(model="claude", messages=msgs, max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == direct.choices[0].message.content
+    assert r.choices[0].finish_reason == direct.choices[0].finish_reason
+    assert r.usage.prompt_tokens == direct.usage.prompt_tokens
+    assert r.usage.completion_tokens == direct.usage.completion_tokens
+    chunks = list(env["client"].chat.completions.create(
+        model="claude", messages=msgs, max_tokens=10, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == direct.choices[0].message.content
+    # a field the Messages API has no place for is refused by name, not dropped
+    with pytest.raises(openai.BadRequestError) as e:
+        env["client"].chat.completions.create(model="claude", messages=msgs, max_tokens=4, seed=3)
+    assert "seed" in str(e.value)
+
+
+def test_eval_in_process_and_a_worker_run_upstream_variants(env):
+    d = tempfile.mkdtemp(prefix="abserve-up-eval-")
+    exp = os.path.join(d, "exp.toml")
+    with open(exp, "w") as f:
+        f.write('[[experiment]]\nname = "offline"\n[[experiment.variants]]\nid = "local"\nmax_tokens = 4\n'
+                'temperature = 0.0\n[[experiment.variants]]\nid = "remote"\nmodel = "llama"\nmax_tokens = 4\n'
+                'temperature = 0.0\n[[scorer]]\ntype = "length"\n')
+    rows = os.path.join(d, "rows.jsonl")
+    with open(rows, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"id": f"r{i}", "input": f"What is {i} plus {i}?"}) + "\n")
+    common = ["--memory-budget", "1GiB", "--context", "512", "--threads", "2", "--upstream", f"llama={env['llama']}/v1"]
+    out = subprocess.run([str(BINARY), "eval", exp, "--dataset", rows, "--out", os.path.join(d, "in"), *common],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = [json.loads(line) for line in open(os.path.join(d, "in", "results.jsonl"))]
+    assert sorted((r["variant"], r["row"]) for r in res if not r.get("error")) == sorted(
+        (v, f"r{i}") for v in ("local", "remote") for i in range(3)), res
+    # the same experiment over the queue, answered by a worker that serves the upstream
+    queue = f"abserve.test.upstream.{os.getpid()}"
+    worker = subprocess.Popen([str(BINARY), "worker", "--amqp", AMQP, "--queue", queue, *common],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out = subprocess.run([str(BINARY), "eval", exp, "--dataset", rows, "--out", os.path.join(d, "queued"),
+                              "--amqp", AMQP, "--queue", queue], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    res = [json.loads(line) for line in open(os.path.join(d, "queued", "results.jsonl"))]
+    remote = [r for r in res if r["variant"] == "remote"]
+    assert len(remote) == 3 and all(not r.get("error") and r["output"] for r in remote), remote
 
 
 def test_what_the_upstream_cannot_hold_is_refused_before_it_is_sent(env):
@@ -235,13 +293,16 @@ def test_an_upstream_killed_mid_stream_is_an_error_for_the_client_and_the_varian
     d = tempfile.mkdtemp(prefix="abserve-up-")
     exp = os.path.join(d, "e.toml")
     with open(exp, "w") as f:
-        f.write('[[experiment]]\nname = "dies"\n'
-                '[[experiment.variants]]\nid = "local"\nweight = 0\n'
+        f.write('[[experiment]]\nname = "dies"\nguardrails = ["error"]\n'
+                '[[experiment.variants]]\nid = "local"\nmax_tokens = 1\n'
                 '[[experiment.variants]]\nid = "gone"\nmodel = "llama"\n')
-    s = Server("--upstream", f"llama={url}", "--experiments", exp)
+    s = Server("--upstream", f"llama={url}", "--experiments", exp, "--guardrail-interval", "0.3")
     try:
         c = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0)
-        stream = c.chat.completions.create(model="experiment:dies", user="u1", stream=True, max_tokens=400,
+        gone = next(f"u{u}" for u in range(100) if c.chat.completions.with_raw_response.create(
+            model="experiment:dies", messages=[{"role": "user", "content": "Hi"}], user=f"u{u}", max_tokens=1,
+        ).headers["x-abserve-variant"] == "gone")
+        stream = c.chat.completions.create(model="experiment:dies", user=gone, stream=True, max_tokens=400,
                                            messages=[{"role": "user", "content": "Tell a long story."}],
                                            extra_body={"ignore_eos": True})
         got = []
@@ -257,10 +318,21 @@ def test_an_upstream_killed_mid_stream_is_an_error_for_the_client_and_the_varian
         while True:
             status, body = http("GET", s.url + "/experiments/dies/exposures")
             ex = json.loads(body)["exposures"]
-            if ex or time.time() > deadline:
+            if any(e["error"] for e in ex) or time.time() > deadline:
                 break
             time.sleep(0.2)
-        assert len(ex) == 1 and ex[0]["variant"] == "gone" and "llama" in ex[0]["error"]
+        errors = [e for e in ex if e["error"]]
+        assert [e["variant"] for e in errors] == ["gone"] and "llama" in errors[0]["error"]
+        # the upstream stays down: the guardrail on `error` stops its variant, the control goes on
+        for u in range(100, 160):
+            try:
+                c.chat.completions.create(model="experiment:dies", messages=[{"role": "user", "content": "Hi"}],
+                                          user=f"u{u}", max_tokens=1)
+            except openai.APIStatusError as e:
+                assert e.status_code == 503 and "llama" in e.message
+        from test_metrics import stopped_by_guardrail
+        stopped, r = stopped_by_guardrail(s, "dies", "gone")
+        assert stopped["metric"] == "error" and r["local"]["state"] == "active"
     finally:
         s.stop()
         stop(llama)

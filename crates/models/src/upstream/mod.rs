@@ -4,6 +4,7 @@
 //!
 //! - `config`: what the operator says (`--upstream ID=URL`, `[[upstream]]` tables);
 //! - `discover`: what the upstream says about itself (slots, KV tokens, context, counting);
+//! - `admit`: a group from submission to admission (counting, `max_tokens`, the pool);
 //! - `pool`: admission against that capacity, over its replicas, in arrival order;
 //! - `breaker`: one circuit breaker per URL;
 //! - `call`: one request relayed as engine events, with retries before the first token
@@ -18,6 +19,7 @@
 //! queue timeout, exactly as for a local model (the first event is `Admitted`). The API key is
 //! sent in a header and nowhere else: no error, log line or series carries it.
 
+mod admit;
 mod anthropic;
 mod breaker;
 mod call;
@@ -36,11 +38,11 @@ use std::time::{Duration, Instant};
 
 use abserve_engine::prepare::{sampling_params, Input, Options, PrepareError};
 use abserve_engine::tools::{tool_use, ToolFormat};
-use abserve_engine::{ChatMessage, Event, GenerationError, StatsSnapshot, SubmitError};
+use abserve_engine::{ChatMessage, Event, StatsSnapshot, SubmitError};
 use abserve_protocol::{Sampling, Structure};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use breaker::Breaker;
 pub use config::{Protocol, UpstreamConfig};
@@ -478,121 +480,8 @@ impl Model for Upstream {
         }
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..seqs.len()).map(|_| unbounded_channel()).unzip();
         sh.waiting.fetch_add(seqs.len(), Ordering::SeqCst);
-        let guard = Waiting(sh.clone(), seqs.len());
-        tokio::spawn(run_group(sh.clone(), jobs, txs, guard));
+        let guard = admit::Waiting(sh.clone(), seqs.len());
+        tokio::spawn(admit::run_group(sh.clone(), jobs, txs, guard));
         Ok(rxs)
-    }
-}
-
-/// Requests of a group still waiting for admission (given back when admitted or cancelled).
-struct Waiting(Arc<Shared>, usize);
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(self.1, Ordering::SeqCst);
-    }
-}
-
-/// A sequence's conversation, prompt bound, body, (`max_tokens`, whether the request set it —
-/// 0 set means "leave it to the upstream") and affinity.
-type JobParts = (Value, usize, Map<String, Value>, (usize, bool), Option<u64>);
-
-/// Each sequence's cost (prompt + `max_tokens`, counted at the upstream where it can) and the
-/// `max_tokens` it is sent with (`None`: left to the upstream); a 400 for one that cannot fit.
-async fn costs(
-    sh: &Shared,
-    jobs: &[JobParts],
-) -> Result<(Vec<usize>, Vec<Option<usize>>), GenerationError> {
-    let mut costs = vec![];
-    let mut max_tokens = vec![];
-    let context = sh.pool.context();
-    let too_long = |what: String| GenerationError::Upstream {
-        status: 400,
-        message: format!(
-            "{what}, but a request to '{}' holds at most {context} tokens.",
-            sh.id
-        ),
-    };
-    for (messages, bound, _, max, _) in jobs {
-        let url = &sh.pool.replicas[0].url;
-        let prompt = discover::count(&sh.http, url, sh.counting, &sh.model, messages)
-            .await
-            .unwrap_or(*bound);
-        let room = context.saturating_sub(prompt);
-        let max = match *max {
-            // a hosted API that said nothing of its context: its own default, reserved as 1
-            (0, true) => {
-                costs.push(prompt + 1);
-                max_tokens.push(None);
-                continue;
-            }
-            (m, true) if prompt + m > context => {
-                return Err(too_long(format!(
-                    "The prompt has {prompt} tokens and max_tokens is {m}"
-                )))
-            }
-            (m, true) => m,
-            (_, false) if room == 0 => {
-                return Err(too_long(format!("The prompt has {prompt} tokens")))
-            }
-            (default, false) => room.min(default),
-        };
-        costs.push(prompt + max);
-        max_tokens.push(Some(max));
-    }
-    Ok((costs, max_tokens))
-}
-
-/// Counts a group's prompts, waits for room for all of it, then runs each sequence.
-async fn run_group(
-    sh: Arc<Shared>,
-    jobs: Vec<JobParts>,
-    txs: Vec<UnboundedSender<Event>>,
-    waiting: Waiting,
-) {
-    let queued = Instant::now();
-    let all_gone = async {
-        for tx in &txs {
-            tx.closed().await;
-        }
-    };
-    let admit = async {
-        let (costs, max_tokens) = costs(&sh, &jobs).await?;
-        let affinity = jobs.first().and_then(|j| j.4);
-        match sh.pool.take(&costs, affinity).await {
-            Ok(r) => Ok((r, max_tokens)),
-            Err(pool::Refusal::AllOpen) => Err(GenerationError::Upstream {
-                status: 503,
-                message: format!("'{}' is unavailable: every URL's circuit breaker is open after repeated failures.", sh.id),
-            }),
-        }
-    };
-    let (reservations, max_tokens) = tokio::select! {
-        r = admit => match r {
-            Ok(r) => r,
-            Err(e) => {
-                for tx in &txs {
-                    let _ = tx.send(Event::Error(e.clone()));
-                }
-                return;
-            }
-        },
-        _ = all_gone => return,
-    };
-    drop(waiting);
-    let queue_time = queued.elapsed();
-    for (((tx, job), reservation), max) in
-        txs.into_iter().zip(jobs).zip(reservations).zip(max_tokens)
-    {
-        let order = sh.order.fetch_add(1, Ordering::SeqCst);
-        if tx.send(Event::Admitted { queue_time, order }).is_err() {
-            continue;
-        }
-        let (messages, _, mut body, _, _) = job;
-        body.insert("messages".into(), messages);
-        if let Some(max) = max {
-            body.insert("max_tokens".into(), json!(max));
-        }
-        tokio::spawn(call::run(sh.clone(), reservation, body, tx, queue_time));
     }
 }
