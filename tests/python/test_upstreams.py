@@ -48,6 +48,18 @@ max_tokens = 4
 id = "peer"
 model = "peer"
 max_tokens = 4
+
+[[experiment]]
+name = "spend"
+guardrails = [{ metric = "cost", tolerance = 0.2 }]
+[[experiment.variants]]
+id = "cheap"
+model = "cheap"
+max_tokens = 2
+[[experiment.variants]]
+id = "pricey"
+model = "pricey"
+max_tokens = 2
 """
 
 
@@ -80,10 +92,12 @@ def env():
     with open(keys, "w") as f:
         f.write(f'[[upstream]]\nid = "peer"\nurl = "{peer.url}"\napi_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n'
                 f'[[upstream]]\nid = "claude"\nurl = "{llama_url}"\nprotocol = "anthropic"\nmodel = "m"\n'
-                'api_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n')
+                'api_key_env = "ABSERVE_TEST_UPSTREAM_KEY"\n'
+                f'[[upstream]]\nid = "cheap"\nurl = "{llama_url}/v1"\ninput_price = 1.5\noutput_price = 3.0\n'
+                f'[[upstream]]\nid = "pricey"\nurl = "{llama_url}/v1"\ninput_price = 15.0\noutput_price = 30.0\n')
     os.environ["ABSERVE_TEST_UPSTREAM_KEY"] = SECRET
     main = Server("--upstream", f"llama={llama_url}/v1", "--upstreams", keys, "--experiments", exp,
-                  "--queue-timeout", "20", log=os.path.join(d, "log.txt"))
+                  "--queue-timeout", "20", "--guardrail-interval", "0.3", log=os.path.join(d, "log.txt"))
     try:
         yield {"llama": llama_url, "peer": peer, "main": main, "dir": d,
                "client": openai.OpenAI(base_url=main.url, api_key="unused")}
@@ -95,7 +109,8 @@ def env():
 
 def test_models_lists_the_upstreams_with_their_engines(env):
     models = {m.id: m.owned_by for m in env["client"].models.list().data}
-    assert models == {MODEL_ID: "abserve", "llama": "llama.cpp", "peer": "abserve", "claude": "llama.cpp"}
+    assert models == {MODEL_ID: "abserve", "llama": "llama.cpp", "peer": "abserve", "claude": "llama.cpp",
+                      "cheap": "llama.cpp", "pricey": "llama.cpp"}
 
 
 def test_a_chat_is_relayed_with_the_upstreams_usage(env):
@@ -212,6 +227,35 @@ def test_an_experiment_routes_units_and_fans_out_across_local_and_upstream_varia
     assert status == 200, body
     ex = [e for e in json.loads(body)["exposures"] if e["variant"] == "llama"]
     assert ex and all(e["output_tokens"] and e["latency_ms"] > 0 and e["ttft_ms"] > 0 for e in ex)
+
+
+def test_cost_is_recorded_per_exposure_analysed_and_guarded(env):
+    """With prices configured every exposure records its cost from the upstream's usage; cost is
+    an automatic metric in /results, /metrics counts the spend, and a guardrail on cost stops a
+    variant that costs more than 20% over control."""
+    c = env["client"]
+    before = metric(text(env["main"].base + "/metrics"), 'abserve_upstream_spend_total{model="pricey"}') or 0.0
+    for u in range(60):
+        try:
+            c.chat.completions.create(model="experiment:spend", messages=[{"role": "user", "content": "Hi"}],
+                                      user=f"s{u}")
+        except openai.APIStatusError as e:
+            assert e.status_code == 429, e
+    from test_metrics import stopped_by_guardrail
+    stopped, r = stopped_by_guardrail(env["main"], "spend", "pricey")
+    assert stopped["metric"] == "cost"
+    assert r["cheap"]["metrics"]["cost"]["summary"]["mean"] > 0
+    assert r["pricey"]["metrics"]["cost"]["summary"]["mean"] > 5 * r["cheap"]["metrics"]["cost"]["summary"]["mean"]
+    status, body = http("GET", env["main"].url + "/experiments/spend/exposures?limit=500")
+    ex = [e for e in json.loads(body)["exposures"] if e["variant"] == "cheap"]
+    assert ex
+    for e in ex:
+        assert e["cost"] == pytest.approx((e["prompt_tokens"] * 1.5 + e["output_tokens"] * 3.0) / 1e6)
+    # every answer of the stopped variant was an exposure (after the stop its units get control's
+    # answer, unrecorded): its spend is the sum of its exposures' costs
+    pricey = [e for e in json.loads(body)["exposures"] if e["variant"] == "pricey"]
+    spent = metric(text(env["main"].base + "/metrics"), 'abserve_upstream_spend_total{model="pricey"}') - before
+    assert spent == pytest.approx(sum(e["cost"] for e in pricey), rel=1e-6)
 
 
 def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):

@@ -166,7 +166,8 @@ pub struct RatioMetric {
 }
 
 /// The metrics every exposure records by itself.
-pub const AUTOMATIC_METRICS: [&str; 4] = ["latency_ms", "ttft_ms", "output_tokens", "error"];
+pub const AUTOMATIC_METRICS: [&str; 5] =
+    ["latency_ms", "ttft_ms", "output_tokens", "cost", "error"];
 
 fn user_attr() -> String {
     "user".into()
@@ -203,12 +204,14 @@ impl Experiment {
     }
 
     /// Which way is better for `metric`: its definition's direction, else lower for the
-    /// automatic `error`, `latency_ms` and `ttft_ms`, else higher.
+    /// automatic `error`, `latency_ms`, `ttft_ms` and `cost`, else higher.
     pub fn direction_of(&self, metric: &str) -> abserve_statistics::Direction {
         use abserve_statistics::Direction;
         match self.metrics.iter().find(|m| m.name == metric) {
             Some(d) => d.direction,
-            None if ["error", "latency_ms", "ttft_ms"].contains(&metric) => Direction::Lower,
+            None if ["error", "latency_ms", "ttft_ms", "cost"].contains(&metric) => {
+                Direction::Lower
+            }
             None => Direction::Higher,
         }
     }

@@ -124,6 +124,7 @@ mod tests {
             total_time: Duration::ZERO,
             tail_text: tail.into(),
             grammar: None,
+            cost: None,
         }
     }
 

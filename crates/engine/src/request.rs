@@ -98,6 +98,9 @@ pub struct Completion {
     pub tail_text: String,
     /// How a constrained answer ended against its grammar (`None`: unconstrained).
     pub grammar: Option<GrammarOutcome>,
+    /// What the answer cost at its model's configured prices (a model served elsewhere with
+    /// `input_price`/`output_price`; `None` without prices).
+    pub cost: Option<f64>,
 }
 
 /// A constrained answer's grammar at its end.

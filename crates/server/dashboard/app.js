@@ -4,7 +4,7 @@
 'use strict';
 
 const KEY = 'abserve-api-key';
-const AUTOMATIC = ['latency_ms', 'ttft_ms', 'output_tokens', 'error'];
+const AUTOMATIC = ['latency_ms', 'ttft_ms', 'output_tokens', 'cost', 'error'];
 const NS = 'http://www.w3.org/2000/svg';
 
 // ---------- DOM helpers ----------
@@ -275,11 +275,12 @@ function banditTable(b) {
 function performanceTable(r) {
   const mean = (v, k) => (v.metrics[k] ? v.metrics[k].summary.mean : null);
   return h('table', { id: 'performance' },
-    h('thead', {}, h('tr', {}, ['Variant', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Error rate']
+    h('thead', {}, h('tr', {}, ['Variant', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Cost (mean)', 'Error rate']
       .map((t, i) => h('th', { class: i ? 'num' : null }, t)))),
     h('tbody', {}, r.variants.map((v) => h('tr', { 'data-variant': v.id },
       h('td', {}, v.id, variantNote(v)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
-      cell('ttft', mean(v, 'ttft_ms')), cell('tokens', mean(v, 'output_tokens')), cell('errors', mean(v, 'error'), (x) => pct(x))))));
+      cell('ttft', mean(v, 'ttft_ms')), cell('tokens', mean(v, 'output_tokens')), cell('cost', mean(v, 'cost'), (x) => num(x, 6)),
+      cell('errors', mean(v, 'error'), (x) => pct(x))))));
 }
 
 // The estimate of treatment − control over units, with its always-valid sequence (band) and
@@ -327,11 +328,12 @@ function chart(history, metric, variant) {
 
 function exposuresTable(list) {
   return h('table', { id: 'exposures' },
-    h('thead', {}, h('tr', {}, ['Time', 'Unit', 'Variant', 'Latency ms', 'TTFT ms', 'Tokens', 'Error'].map((t, i) => h('th', { class: i > 2 ? 'num' : null }, t)))),
+    h('thead', {}, h('tr', {}, ['Time', 'Unit', 'Variant', 'Latency ms', 'TTFT ms', 'Tokens', 'Cost', 'Error'].map((t, i) => h('th', { class: i > 2 ? 'num' : null }, t)))),
     h('tbody', {}, list.map((x) => h('tr', {},
       h('td', {}, new Date(x.at * 1000).toLocaleTimeString()),
       h('td', {}, x.unit), h('td', {}, x.variant, x.forced ? h('span', { class: 'muted' }, ' (forced)') : null),
       cell('latency', x.latency_ms), cell('ttft', x.ttft_ms), cell('tokens', x.output_tokens, (t) => (finite(t) ? String(t) : '–')),
+      cell('cost', x.cost, (c) => num(c, 6)),
       h('td', { class: 'num ' + (x.error ? 'error' : '') }, x.error || '')))));
 }
 

@@ -84,10 +84,11 @@ impl From<(Option<f64>, i64, i64, Option<f64>)> for UnitValues {
 pub const DEFAULT_LOOKBACK_DAYS: f64 = 14.0;
 
 /// Metrics made from exposures, not events: no unit has a value before its first exposure.
-const AUTOMATIC: [&str; 5] = [
+const AUTOMATIC: [&str; 6] = [
     "latency_ms",
     "ttft_ms",
     "output_tokens",
+    "cost",
     "error",
     "grammar_complete",
 ];

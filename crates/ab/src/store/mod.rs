@@ -73,6 +73,12 @@ pub struct Exposure {
     /// A constrained answer finished as a complete match of its grammar.
     #[serde(default)]
     pub grammar_complete: Option<bool>,
+    /// Prompt tokens of the answer (as its model counted them).
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    /// What the answer cost at its model's configured prices (models served elsewhere).
+    #[serde(default)]
+    pub cost: Option<f64>,
 }
 
 /// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
@@ -277,13 +283,14 @@ impl Store {
     }
 
     pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
-        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
         let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
+        let prompt = x.prompt_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         on_pool!(self, p => sqlx::query(q)
             .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
             .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
-            .bind(x.constrained).bind(x.grammar_complete)
+            .bind(x.constrained).bind(x.grammar_complete).bind(prompt).bind(x.cost)
             .execute(p).await?.rows_affected());
         Ok(())
     }
@@ -295,7 +302,7 @@ impl Store {
         experiment: &str,
         limit: u32,
     ) -> Result<Vec<RecordedExposure>, StoreError> {
-        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete FROM exposures
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost FROM exposures
                  WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
         type Row = (
             f64,
@@ -308,6 +315,8 @@ impl Store {
             Option<String>,
             bool,
             Option<bool>,
+            Option<i64>,
+            Option<f64>,
         );
         let rows: Vec<Row> = on_pool!(self, p => sqlx::query_as(q).bind(experiment).bind(limit as i64).fetch_all(p).await?);
         Ok(rows
@@ -324,6 +333,8 @@ impl Store {
                     error,
                     constrained,
                     grammar_complete,
+                    prompt,
+                    cost,
                 )| {
                     RecordedExposure {
                         at,
@@ -337,6 +348,8 @@ impl Store {
                             error,
                             constrained,
                             grammar_complete,
+                            prompt_tokens: prompt.map(|t| t.max(0) as u64),
+                            cost,
                         },
                     }
                 },

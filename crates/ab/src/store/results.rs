@@ -45,6 +45,8 @@ const AUTOMATIC: &str = "
             WHERE experiment = $1 AND NOT forced AND ts <= $2 AND ttft_ms IS NOT NULL
         UNION ALL SELECT KEY, 'output_tokens', CAST(output_tokens AS DOUBLE PRECISION) FROM exposures
             WHERE experiment = $1 AND NOT forced AND ts <= $2 AND output_tokens IS NOT NULL
+        UNION ALL SELECT KEY, 'cost', cost FROM exposures
+            WHERE experiment = $1 AND NOT forced AND ts <= $2 AND cost IS NOT NULL
         UNION ALL SELECT KEY, 'error', CASE WHEN error IS NULL THEN 0.0 ELSE 1.0 END FROM exposures
             WHERE experiment = $1 AND NOT forced AND ts <= $2
         UNION ALL SELECT KEY, 'grammar_complete', CASE WHEN grammar_complete THEN 1.0 ELSE 0.0 END FROM exposures

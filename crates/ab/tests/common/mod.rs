@@ -58,6 +58,8 @@ pub fn exposure(unit: &str, variant: &str) -> abserve_ab::Exposure {
         error: None,
         constrained: false,
         grammar_complete: None,
+        prompt_tokens: None,
+        cost: None,
     }
 }
 

@@ -157,6 +157,8 @@ impl Scheduler {
                 total_time: now - s.arrived,
                 tail_text: s.text.finish(),
                 grammar,
+                // a model of this process has no price
+                cost: None,
             };
             let _ = s.tx.send(Event::Done(done));
             self.stats.completed.fetch_add(1, Ordering::Relaxed);

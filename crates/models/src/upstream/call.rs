@@ -170,6 +170,8 @@ fn settle(
                 + done.completion_tokens as f64 * sh.config.output_price)
                 / 1e6;
             sh.series.spend.inc_by(spend);
+            let priced = sh.config.input_price > 0.0 || sh.config.output_price > 0.0;
+            done.cost = priced.then_some(spend);
             sh.series.latency.observe(done.total_time.as_secs_f64());
             sh.series
                 .ttft

@@ -94,6 +94,7 @@ pub(crate) fn completion(
         total_time: Duration::ZERO,
         tail_text: String::new(),
         grammar: None,
+        cost: None,
     }
 }
 

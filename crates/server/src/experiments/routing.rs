@@ -101,6 +101,8 @@ impl ControlPlane {
             error,
             constrained: d.is_some_and(|d| d.grammar.is_some()),
             grammar_complete: d.and_then(|d| d.grammar.map(|g| g.complete)),
+            prompt_tokens: d.map(|d| d.prompt_tokens as u64),
+            cost: d.and_then(|d| d.cost),
         };
         let r = ab.record_exposure(routed.experiment.clone(), x).await;
         if let Err(e) = &r {

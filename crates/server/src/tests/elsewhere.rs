@@ -157,6 +157,7 @@ impl Model for Echo {
                 total_time: Duration::from_millis(20),
                 tail_text: String::new(),
                 grammar: None,
+                cost: None,
             }));
             self.completed.fetch_add(1, Ordering::SeqCst);
             self.generated

@@ -192,6 +192,7 @@ impl EngineApi for Fake {
             total_time: Duration::from_millis(10),
             tail_text: String::new(),
             grammar: None,
+            cost: None,
         }));
         self.ctl.submitted.lock().unwrap().push(req);
         Ok(rx)

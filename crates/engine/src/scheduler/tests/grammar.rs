@@ -74,6 +74,7 @@ fn answer(rx: &mut UnboundedReceiver<Event>) -> Answer {
             total_time: Duration::ZERO,
             tail_text: String::new(),
             grammar: None,
+            cost: None,
         },
     };
     while let Ok(e) = rx.try_recv() {
