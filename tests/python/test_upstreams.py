@@ -237,8 +237,9 @@ def test_cost_is_recorded_per_exposure_analysed_and_guarded(env):
     before = metric(text(env["main"].base + "/metrics"), 'abserve_upstream_spend_total{model="pricey"}') or 0.0
     for u in range(60):
         try:
-            c.chat.completions.create(model="experiment:spend", messages=[{"role": "user", "content": "Hi"}],
-                                      user=f"s{u}")
+            # prompts of several lengths: a cost that never varies has no interval to compare
+            c.chat.completions.create(model="experiment:spend", user=f"s{u}",
+                                      messages=[{"role": "user", "content": "Hi" + " there" * (u % 5)}])
         except openai.APIStatusError as e:
             assert e.status_code == 429, e
     from test_metrics import stopped_by_guardrail

@@ -459,17 +459,9 @@ pub(crate) fn stream_response(
     let seen: Arc<Mutex<Seen>> = Default::default();
     let body = {
         let (chunker, seen) = (chunker.clone(), seen.clone());
-        // a client that stops reading (the openai SDK raises at an error event and closes) drops
-        // the stream before its tail: the exposure is recorded then
-        let on_drop = RecordOnDrop {
-            state: state.clone(),
-            routed: req.routed.clone(),
-            seen: seen.clone(),
-        };
         merged
             .filter_map(move |(i, ev)| std::future::ready(chunker.piece(i, ev)))
             .map(move |p| {
-                let _ = &on_drop;
                 // a poisoned lock is read through: the fields stay consistent (plain assignments)
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
                 let events = match p {
@@ -488,8 +480,15 @@ pub(crate) fn stream_response(
             })
             .flatten()
     };
-    let tail =
-        stream::once(finish_stream(state, req, chunker, seen)).filter_map(|x| async move { x });
+    // a client that stops reading (the openai SDK raises at an error event and closes) drops
+    // the stream, this tail included, before the tail records the exposure: the guard does then
+    let guard = RecordOnDrop {
+        state: state.clone(),
+        routed: req.routed.clone(),
+        seen: seen.clone(),
+    };
+    let tail = stream::once(finish_stream(state, req, chunker, seen, guard))
+        .filter_map(|x| async move { x });
     let events = stream::iter(head.iter().map(sse).collect::<Vec<_>>())
         .chain(body)
         .chain(tail)
@@ -499,8 +498,8 @@ pub(crate) fn stream_response(
     Sse::new(events)
 }
 
-/// Records a routed stream's exposure when the stream is dropped before its end, once an answer
-/// or an error was seen (a client gone before either leaves none, as before).
+/// Records a routed stream's exposure when the stream is dropped before its tail recorded it,
+/// once an answer or an error was seen (a client gone before either leaves none, as before).
 struct RecordOnDrop {
     state: Arc<AppState>,
     routed: Option<crate::experiments::Routed>,
@@ -533,6 +532,8 @@ async fn finish_stream(
     req: ValidRequest,
     chunker: Chunker,
     seen: Arc<Mutex<Seen>>,
+    // held until the exposure is recorded here (it records nothing then)
+    _guard: RecordOnDrop,
 ) -> Option<Result<SseEvent, Infallible>> {
     let (done, err, tally, recorded) = {
         let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
