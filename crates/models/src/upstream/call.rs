@@ -347,16 +347,7 @@ async fn read(
                     502,
                     format!("'{id}' broke off its answer: {}.", without_url(&e)),
                 );
-                return Err(match relay.sent {
-                    false => Failure::Retry {
-                        error: e,
-                        after: None,
-                    },
-                    true => Failure::Final {
-                        error: e,
-                        upstream_fault: true,
-                    },
-                });
+                return Err(broken(e, relay.sent));
             }
             Ok(Some(Ok(b))) => b,
         };
@@ -371,6 +362,17 @@ async fn read(
         state.data(id, &d, relay)?;
     }
     state.finish(id, relay)
+}
+
+/// An answer the upstream broke off: worth another try while nothing reached the client.
+fn broken(error: GenerationError, sent: bool) -> Failure {
+    match sent {
+        false => Failure::Retry { error, after: None },
+        true => Failure::Final {
+            error,
+            upstream_fault: true,
+        },
+    }
 }
 
 enum Stream {
@@ -397,16 +399,7 @@ impl Stream {
         };
         r.map_err(|m| {
             let e = err(502, format!("'{id}' {m}."));
-            match relay.sent {
-                false => Failure::Retry {
-                    error: e,
-                    after: None,
-                },
-                true => Failure::Final {
-                    error: e,
-                    upstream_fault: true,
-                },
-            }
+            broken(e, relay.sent)
         })
     }
 }

@@ -75,6 +75,11 @@ async fn get_json(http: &reqwest::Client, url: String) -> Option<Value> {
     r.json().await.ok()
 }
 
+async fn post_json(http: &reqwest::Client, url: String, body: &Value) -> Option<Value> {
+    let r = http.post(url).json(body).send().await.ok()?;
+    r.error_for_status().ok()?.json().await.ok()
+}
+
 fn num(v: &Value, path: &[&str]) -> Option<usize> {
     let mut v = v;
     for p in path {
@@ -206,45 +211,15 @@ pub async fn count(
         Counting::Bound => None,
         Counting::LlamaCpp => {
             let body = json!({"messages": messages});
-            let t: Value = http
-                .post(format!("{root}/apply-template"))
-                .json(&body)
-                .send()
-                .await
-                .ok()?
-                .error_for_status()
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let t = post_json(http, format!("{root}/apply-template"), &body).await?;
             let prompt = t["prompt"].as_str()?;
             let body = json!({"content": prompt, "add_special": true, "parse_special": true});
-            let t: Value = http
-                .post(format!("{root}/tokenize"))
-                .json(&body)
-                .send()
-                .await
-                .ok()?
-                .error_for_status()
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let t = post_json(http, format!("{root}/tokenize"), &body).await?;
             Some(t["tokens"].as_array()?.len())
         }
         Counting::Vllm => {
             let body = json!({"model": model, "messages": messages});
-            let t: Value = http
-                .post(format!("{root}/tokenize"))
-                .json(&body)
-                .send()
-                .await
-                .ok()?
-                .error_for_status()
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let t = post_json(http, format!("{root}/tokenize"), &body).await?;
             num(&t, &["count"])
         }
     }
