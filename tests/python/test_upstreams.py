@@ -9,7 +9,9 @@ records exposures; under a 64-request burst abserve never has more requests at l
 its slots (read from /slots every 50 ms), llama.cpp never defers one, and the excess gets 429
 with Retry-After; an upstream driven to saturation by another client holds abserve's work back
 until it falls; an upstream killed mid-stream gives the client an error and the variant an
-error exposure; API keys appear in no output."""
+error exposure; API keys appear in no output; fan-out to a priced upstream answers a hash
+sample of inputs (`fanout_rate`) and stops at a daily spend cap; /ready reuses a probe for the
+upstream's `probe_interval`; the dashboard shows the variants' models and costs."""
 import concurrent.futures as cf
 import json
 import os
@@ -23,7 +25,7 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import BINARY, MODEL_ID, ROOT, Server
+from conftest import BINARY, MODEL, MODEL_ID, ROOT, Server
 from test_adapters import http
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -60,6 +62,22 @@ max_tokens = 2
 id = "pricey"
 model = "pricey"
 max_tokens = 2
+
+[[experiment]]
+name = "paid"
+[[experiment.variants]]
+id = "local"
+max_tokens = 2
+[[experiment.variants]]
+id = "sampled"
+model = "cheap"
+max_tokens = 2
+fanout_rate = 0.5
+[[experiment.variants]]
+id = "capped"
+model = "pricey"
+max_tokens = 2
+daily_spend_cap = 0.003
 """
 
 
@@ -502,4 +520,247 @@ def test_faults_are_retried_timed_out_reported_and_broken_off(env):
         assert m0 is not None
     finally:
         s.stop()
+        proxy.stop()
+
+
+def fnv1a32(text):
+    h = 0x811C9DC5
+    for unit in text.encode("utf-16-le").decode("latin-1")[::2]:  # ASCII inputs: one unit each
+        h = ((h ^ ord(unit)) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def growthbook_hash(seed, value):
+    """GrowthBook's hash, version 2 (its SDKs' fixtures pin abserve's Rust copy)."""
+    return (fnv1a32(str(fnv1a32(seed + value))) % 10000) / 10000
+
+
+def test_fanout_samples_inputs_by_rate_and_stops_a_variant_at_its_daily_spend_cap(env):
+    """`sampled` (fanout_rate 0.5) answers exactly the inputs GrowthBook's hash samples, the
+    same ones when asked again; `capped` (daily_spend_cap 0.003 at 15/30 per million tokens)
+    answers until the next answer could pass the cap, then is refused with the day's numbers
+    while the other variants go on; what it spent never passes the cap."""
+    url = env["main"].url + "/experiments/paid/fanout"
+    inputs = [f"Name colour number {i}." for i in range(10)]
+    want = {i for i in inputs if growthbook_hash("paid/fanout/sampled/", i) < 0.5}
+    assert 0 < len(want) < len(inputs), "the inputs should fall on both sides"
+    spent, refusals = 0.0, []
+    for rnd in range(2):
+        for i in inputs:
+            status, body = http("POST", url, {"input": i})
+            assert status == 200, body
+            res = {r["variant"]: r for r in json.loads(body)["results"]}
+            assert res["local"]["error"] is None and res["local"]["output"] is not None
+            s = res["sampled"]
+            if i in want:
+                assert "skipped" not in s and s["error"] is None and s["cost"] > 0, s
+            else:
+                assert s["skipped"] == "fanout_rate 0.5 left this input out", s
+                assert s["output"] is None and "cost" not in s
+            c = res["capped"]
+            if c["error"] is None:
+                assert not refusals, "answered again after a refusal on the same day"
+                spent += c["cost"]
+            else:
+                refusals.append(c["error"])
+    assert spent <= 0.003
+    assert refusals, "the cap of 0.003 should be reached within 20 fan-outs"
+    first = refusals[0]
+    assert "variant 'capped' reached its daily fan-out spend cap of 0.003" in first, first
+    assert "00:00 UTC" in first
+    said = float(first.split(": ", 1)[1].split(" spent today")[0])
+    assert said == pytest.approx(spent, abs=1e-6), first
+
+
+def test_ready_reuses_an_upstreams_probe_for_its_probe_interval(env):
+    """Each /ready past the server's own 2 s cache asks every upstream for a 1-token answer
+    unless its last successful probe is younger than its `probe_interval`: with 3600 s llama.cpp
+    predicts no token for the second /ready; with 0.5 s it does."""
+    def predicted():
+        return metric(text(env["llama"] + "/metrics"), "llamacpp:tokens_predicted_total")
+
+    for interval, asked in ((3600, False), (0.5, True)):
+        f = os.path.join(env["dir"], f"probe-{interval}.toml")
+        with open(f, "w") as out:
+            out.write(f'[[upstream]]\nid = "p"\nurl = "{env["llama"]}/v1"\nprobe_interval = {interval}\n')
+        s = Server("--upstreams", f)
+        try:
+            assert get(s.base + "/ready")["status"] == "ready"
+            before = predicted()
+            time.sleep(2.5)
+            assert get(s.base + "/ready")["status"] == "ready"
+            assert (predicted() > before) == asked, (interval, before, predicted())
+        finally:
+            s.stop()
+
+
+def test_the_dashboard_shows_each_variants_model_exposures_and_cost(env):
+    """In Chromium: the page of an experiment over a local and two upstream variants names each
+    variant's model and shows the exposures /results counts; the priced experiment's cost column
+    equals /results' mean cost."""
+    from playwright.sync_api import expect, sync_playwright
+    from test_dashboard import CHROMIUM
+
+    main = env["main"]
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        for name, models in (("where", {"local": "default", "llama": "llama", "peer": "peer"}),
+                             ("spend", {"cheap": "cheap", "pricey": "pricey"})):
+            results = get(main.url + f"/experiments/{name}/results")
+            page.goto(main.base + f"/#/e/{name}")
+            for v in results["variants"]:
+                row = page.locator(f'#performance tr[data-variant="{v["id"]}"]')
+                expect(row.locator('[data-k="model"]')).to_have_text(models[v["id"]])
+                expect(row.locator('[data-k="exposures"]')).to_have_text(str(v["exposures"]))
+                if name == "spend":
+                    cost = v["metrics"]["cost"]["summary"]["mean"]
+                    cell = row.locator('[data-k="cost"]')
+                    assert float(cell.get_attribute("data-value")) == pytest.approx(cost, rel=1e-12)
+                    assert float(cell.inner_text()) == pytest.approx(cost, rel=0.01)
+        browser.close()
+    assert not errors, errors
+
+
+def test_replicas_share_the_load_keep_a_prompts_affinity_and_cover_for_a_dead_one(env):
+    """Two real llama.cpp servers as replicas of one upstream id: requests with one system
+    prompt go to one replica while it is not busier than the other (its prefix cache holds the
+    prompt), a burst spills over to both, and when one replica is killed its requests are
+    retried at once on the other (answered, not failed) and its breaker opens."""
+    second, second_url = start_peer(SLOTS, CTX, LLAMA_SETTINGS)
+    f = os.path.join(env["dir"], "pair.toml")
+    with open(f, "w") as out:
+        out.write(f'[[upstream]]\nid = "pair"\nurls = ["{env["llama"]}/v1", "{second_url}/v1"]\n'
+                  'breaker_failures = 2\nbreaker_cooldown = 60\n')
+    s = Server("--upstreams", f)
+    urls = [env["llama"], second_url]
+
+    def predicted():
+        return [metric(text(u + "/metrics"), "llamacpp:tokens_predicted_total") or 0.0 for u in urls]
+
+    def ask(system, max_tokens=2):
+        return http("POST", s.url + "/chat/completions", {
+            "model": "pair", "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]})
+
+    try:
+        homes = {}
+        for p in range(6):
+            system = f"You are assistant number {p}. Answer briefly."
+            before = predicted()
+            for _ in range(3):
+                status, body = ask(system)
+                assert status == 200, body
+            grew = [a - b > 0 for a, b in zip(predicted(), before)]
+            assert grew.count(True) == 1, f"prompt {p} went to both replicas one by one: {grew}"
+            homes[system] = grew.index(True)
+        assert set(homes.values()) == {0, 1}, "six prompts should not all hash to one replica"
+        before = predicted()
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda _: ask("You are assistant number 0. Answer briefly.", 24), range(8)))
+        assert all(st == 200 for st, _ in outs), outs
+        assert all(a > b for a, b in zip(predicted(), before)), "a burst should spill over to both"
+        stop(second)
+        second = None
+        on_dead = [p for p, home in homes.items() if home == 1]
+        for system in on_dead * 2:
+            status, body = ask(system)
+            assert status == 200, f"a dead replica's request was not covered by the live one: {body}"
+        m = text(s.base + "/metrics")
+        state = [float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
+                 if line.startswith("abserve_upstream_breaker_state{") and '"pair"' in line and second_url in line]
+        assert state == [1.0], m
+        assert metric(m, 'abserve_upstream_retries_total{model="pair"}') >= 2
+    finally:
+        s.stop()
+        if second is not None:
+            stop(second)
+
+
+def make_certificates(d):
+    """A CA and a certificate for 127.0.0.1 and localhost signed by it (openssl)."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+        "-subj", "/CN=abserve test CA", "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-subj", "/CN=localhost", "-keyout", "leaf.key", "-out", "leaf.csr")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-extfile", "ext.cnf", "-out", "leaf.pem")
+    return os.path.join(d, "ca.pem"), os.path.join(d, "leaf.pem"), os.path.join(d, "leaf.key")
+
+
+class TlsProxy:
+    """TLS in front of a plain HTTP server (as a load balancer terminating https would be):
+    bytes pass both ways unchanged."""
+
+    def __init__(self, target, cert, key):
+        import asyncio
+        import ssl
+        host, port = target.split("//")[1].split(":")
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        self.loop = asyncio.new_event_loop()
+
+        async def pipe(r, w):
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                w.close()
+
+        async def handle(cr, cw):
+            ur, uw = await asyncio.open_connection(host, int(port))
+            await asyncio.gather(pipe(cr, uw), pipe(ur, cw))
+
+        async def start():
+            return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+
+        self.server = self.loop.run_until_complete(start())
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def test_an_https_upstream_is_verified_against_the_systems_roots(env):
+    """An https upstream whose certificate chains to none of the system's roots is refused at
+    start, naming the certificate; one whose CA the system trusts answers (rustls-native-certs
+    reads SSL_CERT_FILE as the system's roots, as OpenSSL does)."""
+    ca, cert, key = make_certificates(env["dir"])
+    proxy = TlsProxy(env["llama"], cert, key)
+    try:
+        url = f"https://localhost:{proxy.port}/v1"
+        untrusted = subprocess.run(
+            [str(BINARY), "serve", "--model", str(MODEL),
+             "--port", "0", "--data-dir", tempfile.mkdtemp(prefix="abserve-tls-"), "--upstream", f"tls={url}"],
+            capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"})
+        assert untrusted.returncode != 0
+        assert "certificate" in untrusted.stderr.lower(), untrusted.stderr[-2000:]
+        os.environ["SSL_CERT_FILE"] = ca
+        try:
+            s = Server("--upstream", f"tls={url}")
+        finally:
+            del os.environ["SSL_CERT_FILE"]
+        try:
+            status, body = http("POST", s.url + "/chat/completions", {
+                "model": "tls", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 200, body
+            assert json.loads(body)["usage"]["completion_tokens"] <= 3
+        finally:
+            s.stop()
+    finally:
         proxy.stop()

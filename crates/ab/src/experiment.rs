@@ -46,6 +46,12 @@ pub struct Variant {
     /// The id of the model this variant generates with, on a server of several models
     /// (`--model ID=FILE`); none: the default (first) model.
     pub model: Option<String>,
+    /// Share (0, 1] of fan-out inputs this variant answers (`fanout.rs`; default all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout_rate: Option<f64>,
+    /// Most its fan-out may spend per UTC day at its model's prices (`fanout.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daily_spend_cap: Option<f64>,
     /// Set when a guardrail stopped this variant (`guardrail.rs`): the evidence. A stopped
     /// variant gets no new units, and its units are served the control, not recorded. A
     /// definition put without it (PUT) restarts the variant.
@@ -259,6 +265,12 @@ impl Experiment {
                     v.id, v.weight
                 ));
             }
+            crate::fanout::check(v.fanout_rate, v.daily_spend_cap, v.max_tokens).map_err(|e| {
+                Invalid(format!(
+                    "experiment '{}': variant '{}': {e}",
+                    self.name, v.id
+                ))
+            })?;
             template_fields(&v.template).map_err(|e| {
                 Invalid(format!(
                     "experiment '{}': variant '{}': {e}",

@@ -5,6 +5,7 @@
 //!
 //! - `experiment`: definitions (TOML/JSON), validated (`bandit_rules`, `ratio_rules`);
 //!   templates rendered with minijinja;
+//! - `fanout`: which variants answer a fan-out input (`fanout_rate`) and their spend caps;
 //! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
 //! - `store`: SQLite (embedded default) or PostgreSQL (shared by replicas) through sqlx, versioned
 //!   migrations, idempotent event batches, results aggregated by the database;
@@ -13,6 +14,7 @@
 
 mod bandit_rules;
 mod experiment;
+mod fanout;
 mod guardrail;
 mod ratio_rules;
 mod store;
@@ -24,6 +26,7 @@ pub use experiment::{
     Guardrail, Invalid, RatioMetric, Status, Variant, AUTOMATIC_METRICS, MAX_RENDERED_BYTES,
     TEMPLATE_FUEL,
 };
+pub use fanout::{utc_day, SPEND_CAP_HELP};
 pub use guardrail::check as check_guardrails;
 pub use store::{
     next_bandit, Adjusted, Analysis, Database, Exposure, HistoryPoint, MetricResult, OutcomeEvent,

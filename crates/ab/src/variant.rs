@@ -34,6 +34,12 @@ pub struct Asked {
 }
 
 impl Variant {
+    /// Whether this variant answers fan-out input `input` of an experiment hashed by `seed`
+    /// (its `fanout_rate`; see `fanout.rs`).
+    pub fn fans_out(&self, seed: &str, input: &str) -> bool {
+        crate::fanout::sampled(seed, &self.id, self.fanout_rate, input)
+    }
+
     fn err(&self, message: String) -> VariantError {
         VariantError {
             variant: self.id.clone(),

@@ -185,9 +185,13 @@ fn bandit_lines(out: &mut String, b: &abserve_statistics::BanditResults) {
         }
     );
     for a in &b.arms {
+        let cost = a
+            .cost
+            .map(|c| format!("  cost {:.6} ± {:.6}", c.mean, c.variance.sqrt()))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {:<18} estimate {:>10.4} ± {:.4}  units {:>6}  chance best {:>5.1}%  weight {:>5.1}%",
+            "  {:<18} estimate {:>10.4} ± {:.4}  units {:>6}  chance best {:>5.1}%  weight {:>5.1}%{cost}",
             a.variant,
             a.estimate.mean,
             a.estimate.variance.sqrt(),

@@ -114,6 +114,16 @@ pub trait Model: Send + Sync + 'static {
         group: Option<String>,
         kv_share: Option<f64>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
+    /// Whether its answers have a price (a model served elsewhere with prices configured):
+    /// their cost is in `Completion::cost`.
+    fn priced(&self) -> bool {
+        false
+    }
+    /// The most a prepared sequence's answer can cost at its prices (a bound on the prompt's
+    /// tokens and the sequence's `max_tokens`); `None` when unpriced or unbounded.
+    fn max_cost(&self, _seq: &Prepared) -> Option<f64> {
+        None
+    }
     /// Series of its own for `/metrics` (a model served elsewhere: its replicas' load, breakers,
     /// retries, errors, spend), registered by the server beside its own.
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {

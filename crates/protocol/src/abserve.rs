@@ -60,7 +60,8 @@ pub struct Ready {
     pub device: Option<ReadyDevice>,
 }
 
-/// One variant's answer in a fan-out; `error` instead of the rest when it failed.
+/// One variant's answer in a fan-out; `error` instead of the rest when it failed or was
+/// refused (its daily spend cap), `skipped` when its `fanout_rate` left this input out.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FanoutResult {
     pub variant: String,
@@ -86,6 +87,12 @@ pub struct FanoutResult {
     /// grammar; absent for a free answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar_complete: Option<bool>,
+    /// What the answer cost at its model's prices (a model served elsewhere with prices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Why the variant did not answer this input (its `fanout_rate` sampled it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 /// `POST /v1/experiments/{name}/fanout`: every variant on one input.

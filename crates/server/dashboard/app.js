@@ -260,25 +260,32 @@ function variantNote(v) {
 }
 
 // A bandit's arms: the period-weighted estimate of the decision metric, the chance of being
-// best and the weight now; its winner once named.
+// best and the weight now, and the cost per unit where answers have a price (a secondary
+// read-out); its winner once named.
 function banditTable(b) {
   const winner = b.winner
     ? h('p', { id: 'bandit-winner', class: 'win', 'data-variant': b.winner.variant }, 'Winner: ' + b.winner.variant + ' at ' + b.winner.units + ' units; every unit gets it now.')
     : h('p', { id: 'bandit-winner', class: 'muted' }, 'No winner yet (' + b.periods + ' weight updates).');
+  const costed = b.arms.some((a) => a.cost);
+  const heads = ['Variant', b.decision_metric + ' (period-weighted)', 'Units', 'Chance best', 'Weight'].concat(costed ? ['Cost per unit'] : []);
   return h('div', { id: 'bandit' }, winner, h('div', { class: 'scroll' }, h('table', {},
-    h('thead', {}, h('tr', {}, ['Variant', b.decision_metric + ' (period-weighted)', 'Units', 'Chance best', 'Weight'].map((t) => h('th', {}, t)))),
+    h('thead', {}, h('tr', {}, heads.map((t) => h('th', {}, t)))),
     h('tbody', {}, b.arms.map((a) => h('tr', { 'data-variant': a.variant },
       h('td', {}, a.variant), h('td', { class: 'num' }, num(a.mean)), h('td', { class: 'num' }, String(a.units)),
-      h('td', { class: 'num', 'data-k': 'chance-best' }, pct(a.chance_best)), h('td', { class: 'num', 'data-k': 'weight' }, pct(a.weight))))))));
+      h('td', { class: 'num', 'data-k': 'chance-best' }, pct(a.chance_best)), h('td', { class: 'num', 'data-k': 'weight' }, pct(a.weight)),
+      costed ? h('td', { class: 'num', 'data-k': 'cost' }, a.cost ? num(a.cost.mean, 6) : '—') : null))))));
 }
 
-function performanceTable(r) {
+// Per variant: the model it runs on (its `model`, a local one or one served elsewhere, else the
+// default), then how it is served.
+function performanceTable(r, e) {
   const mean = (v, k) => (v.metrics[k] ? v.metrics[k].summary.mean : null);
+  const model = (id) => ((e.variants.find((x) => x.id === id) || {}).model || 'default');
   return h('table', { id: 'performance' },
-    h('thead', {}, h('tr', {}, ['Variant', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Cost (mean)', 'Error rate']
-      .map((t, i) => h('th', { class: i ? 'num' : null }, t)))),
+    h('thead', {}, h('tr', {}, ['Variant', 'Model', 'Exposures', 'Latency ms (mean)', 'TTFT ms (mean)', 'Output tokens (mean)', 'Cost (mean)', 'Error rate']
+      .map((t, i) => h('th', { class: i > 1 ? 'num' : null }, t)))),
     h('tbody', {}, r.variants.map((v) => h('tr', { 'data-variant': v.id },
-      h('td', {}, v.id, variantNote(v)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
+      h('td', {}, v.id, variantNote(v)), h('td', { 'data-k': 'model' }, model(v.id)), cell('exposures', v.exposures, String), cell('latency', mean(v, 'latency_ms')),
       cell('ttft', mean(v, 'ttft_ms')), cell('tokens', mean(v, 'output_tokens')), cell('cost', mean(v, 'cost'), (x) => num(x, 6)),
       cell('errors', mean(v, 'error'), (x) => pct(x))))));
 }
@@ -395,7 +402,7 @@ async function experimentPage(name) {
       h('p', { class: 'muted' }, 'Chance to beat control, uplift and risk assume higher is better; for latency, errors or cost read them the other way.')),
     treatments.length ? h('div', { class: 'card' }, h('h2', {}, 'Over time ', variantSelect), chart(hist, metric, variant)) : null,
     r.bandit ? h('div', { class: 'card' }, h('h2', {}, 'Bandit'), banditTable(r.bandit)) : null,
-    h('div', { class: 'card' }, h('h2', {}, 'Serving per variant'), h('div', { class: 'scroll' }, performanceTable(r))),
+    h('div', { class: 'card' }, h('h2', {}, 'Serving per variant'), h('div', { class: 'scroll' }, performanceTable(r, e))),
     h('div', { class: 'card' }, h('h2', {}, 'KV cache share'), h('p', { id: 'kv-share', 'data-experiment': name, 'data-share': e.max_kv_share }, kvShare(name, e.max_kv_share))),
     h('div', { class: 'card' }, h('h2', {}, 'Weights'), weightsForm(e, rerender)),
     h('div', { class: 'card' }, h('h2', {}, 'Recent exposures'), h('p', { class: 'muted' }, 'Prompts and answers are never stored, so none are shown.'),

@@ -324,6 +324,10 @@ pub struct Arm {
     pub chance_best: f64,
     #[schema(value_type = Option<f64>)]
     pub weight: f64,
+    /// A secondary read-out: the arm's period-weighted mean `cost` per unit (answers of models
+    /// with prices), estimated as the decision metric is; absent when the arm has no cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Estimate>,
 }
 
 #[cfg(test)]

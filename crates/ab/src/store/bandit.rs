@@ -2,7 +2,8 @@
 //! the stored period starts), variant and value of the decision metric (by its definition's
 //! aggregation; without one, the mean of its events; units without a value are left out), as
 //! `bandit::Cell`s; what `/results` shows (its estimates are what the server's update,
-//! [`next_bandit`], reads).
+//! [`next_bandit`], reads), with each arm's `cost` per unit, period-weighted the same way, as a
+//! secondary read-out.
 
 use super::{Pool, Store, StoreError};
 use crate::experiment::Experiment;
@@ -28,6 +29,14 @@ fn units_sql() -> String {
 
 type UnitRow = (String, f64, Option<f64>, i64, i64, Option<f64>);
 
+/// Per unit exposed (not forced) with a cost: variant, time of its first exposure, and its
+/// mean cost over its non-forced exposures (the automatic metric's value of the unit).
+const COST_SQL: &str = "WITH first AS (SELECT unit, MIN(id) AS id FROM exposures WHERE experiment = $1 AND NOT forced GROUP BY unit),
+    uv AS (SELECT first.unit, x.variant, x.ts AS t0 FROM first JOIN exposures x ON x.id = first.id),
+    per AS (SELECT unit, AVG(cost) AS c FROM exposures
+        WHERE experiment = $1 AND NOT forced AND cost IS NOT NULL GROUP BY unit)
+    SELECT uv.variant, uv.t0, per.c FROM uv JOIN per ON per.unit = uv.unit";
+
 impl Store {
     /// The decision metric's cells, `[period][variant]`.
     pub async fn bandit_cells(&self, e: &Experiment) -> Result<Vec<Vec<Cell>>, StoreError> {
@@ -44,21 +53,21 @@ impl Store {
             cuped: false,
             lookback_days: None,
         });
-        let starts: Vec<f64> = e
-            .bandit_state
-            .as_ref()
-            .map(|s| s.periods.iter().map(|p| p.start).collect())
-            .unwrap_or_default();
-        let mut cells = vec![vec![Cell::default(); e.variants.len()]; starts.len() + 1];
-        for (variant, t0, sum, count, nonzero, max) in rows {
-            let Some(k) = e.variants.iter().position(|v| v.id == variant) else {
-                continue;
-            };
-            if let Some(x) = def.unit_value((sum, count, nonzero, max).into()) {
-                cells[starts.partition_point(|&t| t <= t0)][k].add(x);
-            }
-        }
-        Ok(cells)
+        Ok(cells_by_period(
+            e,
+            rows.into_iter()
+                .filter_map(|(variant, t0, sum, count, nonzero, max)| {
+                    let x = def.unit_value((sum, count, nonzero, max).into())?;
+                    Some((variant, t0, x))
+                }),
+        ))
+    }
+
+    /// The `cost` cells, `[period][variant]` (the secondary read-out).
+    async fn cost_cells(&self, e: &Experiment) -> Result<Vec<Vec<Cell>>, StoreError> {
+        let rows: Vec<(String, f64, f64)> =
+            on_pool!(self, p => sqlx::query_as(COST_SQL).bind(&e.name).fetch_all(p).await?);
+        Ok(cells_by_period(e, rows.into_iter()))
     }
 
     /// A bandit's read-out (`None` for a fixed experiment).
@@ -70,6 +79,7 @@ impl Store {
             return Ok(None);
         }
         let est = estimates(&self.bandit_cells(e).await?);
+        let cost = estimates(&self.cost_cells(e).await?);
         let chances = chance_best(
             &est,
             e.direction_of(e.decision_metric.as_deref().unwrap_or("")),
@@ -84,6 +94,7 @@ impl Store {
                 estimate: est[k],
                 chance_best: chances[k],
                 weight: weights[k],
+                cost: Some(cost[k]).filter(|c| c.units > 0),
             })
             .collect();
         let state = e.bandit_state.clone().unwrap_or_default();
@@ -94,6 +105,26 @@ impl Store {
             winner: state.winner,
         }))
     }
+}
+
+/// Per-unit values `(variant, time of first exposure, value)` as cells `[period][variant]`, by
+/// the stored period starts; values of variants no longer defined are left out.
+fn cells_by_period(
+    e: &Experiment,
+    values: impl Iterator<Item = (String, f64, f64)>,
+) -> Vec<Vec<Cell>> {
+    let starts: Vec<f64> = e
+        .bandit_state
+        .as_ref()
+        .map(|s| s.periods.iter().map(|p| p.start).collect())
+        .unwrap_or_default();
+    let mut cells = vec![vec![Cell::default(); e.variants.len()]; starts.len() + 1];
+    for (variant, t0, x) in values {
+        if let Some(k) = e.variants.iter().position(|v| v.id == variant) {
+            cells[starts.partition_point(|&t| t <= t0)][k].add(x);
+        }
+    }
+    cells
 }
 
 /// A bandit's next state from its arms' estimates at `now` (seconds since the epoch): the

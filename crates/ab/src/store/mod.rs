@@ -123,6 +123,7 @@ macro_rules! on_pool {
 
 // after the macro, which it uses
 mod bandit;
+mod spend;
 
 fn now() -> f64 {
     std::time::SystemTime::now()

@@ -5,7 +5,9 @@
 //! Retries: a request the upstream refused for load (429, 503) or that could not reach it
 //! (connect error, no first byte within the first-token timeout, a 502/504 of its proxy) is
 //! sent again — after its `Retry-After`, else an exponential backoff with jitter — at most
-//! `retries` times, only while nothing has reached the client and within the total timeout.
+//! `retries` times, only while nothing has reached the client and within the total timeout;
+//! with several URLs, the retry goes at once to another replica that has room (the request's
+//! reservation moves there).
 //! Every failure for the upstream's sake counts against the URL's breaker; a refusal of the
 //! request itself (400, 422) does not.
 
@@ -85,8 +87,9 @@ pub(crate) async fn run(
 ) {
     sh.running.fetch_add(1, Ordering::SeqCst);
     let started = Instant::now();
+    let mut reservation = reservation;
+    let outcome = tries(&sh, &mut reservation, &body, &tx, started).await;
     let replica = &sh.pool.replicas[reservation.replica];
-    let outcome = tries(&sh, replica, &body, &tx, started).await;
     settle(&sh, replica, outcome, &tx, queue_time, started);
     sh.running.fetch_sub(1, Ordering::SeqCst);
     sh.series
@@ -97,10 +100,12 @@ pub(crate) async fn run(
     sh.pool.poke();
 }
 
-/// Sends the request, again after a failure worth a retry (see the module's rules).
+/// Sends the request, again after a failure worth a retry (see the module's rules): at once on
+/// another replica when one has room (the reservation moves there), else on the same one after
+/// the backoff.
 async fn tries(
     sh: &Shared,
-    replica: &Replica,
+    reservation: &mut Reservation,
     body: &Map<String, Value>,
     tx: &UnboundedSender<Event>,
     started: Instant,
@@ -109,6 +114,7 @@ async fn tries(
     let deadline = started + total;
     let mut attempt = 0;
     loop {
+        let replica = &sh.pool.replicas[reservation.replica];
         let mut relay = Relay::new(tx, started);
         let r = tokio::select! {
             r = tokio::time::timeout_at(deadline.into(), one_try(sh, &replica.url, body, &mut relay)) => match r {
@@ -123,8 +129,16 @@ async fn tries(
         match r {
             Err(Failure::Retry { error, after }) if attempt < sh.config.retries && !relay.sent => {
                 replica.breaker.failed(Instant::now());
+                sh.series
+                    .breaker
+                    .with_label_values(&[replica.url.as_str()])
+                    .set(replica.breaker.gauge() as i64);
                 attempt += 1;
                 sh.series.retries.inc();
+                if let Some(other) = sh.pool.elsewhere(reservation) {
+                    *reservation = other;
+                    continue;
+                }
                 let backoff = after.unwrap_or_else(|| backoff(attempt));
                 if Instant::now() + backoff >= deadline {
                     return Err((error, true));
@@ -170,8 +184,7 @@ fn settle(
                 + done.completion_tokens as f64 * sh.config.output_price)
                 / 1e6;
             sh.series.spend.inc_by(spend);
-            let priced = sh.config.input_price > 0.0 || sh.config.output_price > 0.0;
-            done.cost = priced.then_some(spend);
+            done.cost = sh.config.priced().then_some(spend);
             sh.series.latency.observe(done.total_time.as_secs_f64());
             sh.series
                 .ttft

@@ -87,6 +87,11 @@ pub struct UpstreamConfig {
     /// Seconds an open breaker waits before one probe (half-open).
     #[serde(default = "breaker_cooldown_s")]
     pub breaker_cooldown: f64,
+    /// Seconds a successful readiness probe (a real 1-token inference) is reused by `/ready`,
+    /// so that readiness checks do not spend on a paid API every time they are asked; a failed
+    /// probe is never reused.
+    #[serde(default = "probe_interval_s")]
+    pub probe_interval: f64,
 }
 
 fn connect_s() -> f64 {
@@ -109,6 +114,9 @@ fn breaker_failures() -> u32 {
 }
 fn breaker_cooldown_s() -> f64 {
     10.0
+}
+fn probe_interval_s() -> f64 {
+    30.0
 }
 
 /// The key is never printed: only where it comes from.
@@ -162,6 +170,11 @@ impl UpstreamConfig {
         Ok(f.upstream)
     }
 
+    /// Whether answers have a price (either price above 0).
+    pub fn priced(&self) -> bool {
+        self.input_price > 0.0 || self.output_price > 0.0
+    }
+
     /// Every URL, as given (`url` first).
     pub fn urls(&self) -> Vec<String> {
         self.url.iter().chain(&self.urls).cloned().collect()
@@ -194,6 +207,7 @@ impl UpstreamConfig {
             ("first_token_timeout", self.first_token_timeout),
             ("total_timeout", self.total_timeout),
             ("breaker_cooldown", self.breaker_cooldown),
+            ("probe_interval", self.probe_interval),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!(

@@ -52,10 +52,6 @@ pub use series::Series;
 
 use crate::registry::{Capacity, Model, Prepared};
 
-/// How long a readiness answer of an upstream is reused (so that `/ready` does not spend on a
-/// paid API every time it is asked).
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(30);
-
 /// A model served elsewhere, as a registry entry.
 pub struct Upstream {
     shared: Arc<Shared>,
@@ -346,11 +342,24 @@ impl Model for Upstream {
         self.shared.series.collectors()
     }
 
+    fn priced(&self) -> bool {
+        self.shared.config.priced()
+    }
+
+    fn max_cost(&self, seq: &Prepared) -> Option<f64> {
+        let j = seq.job::<Job>()?;
+        let c = &self.shared.config;
+        let out = j.max_tokens?;
+        c.priced()
+            .then(|| (j.bound as f64 * c.input_price + out as f64 * c.output_price) / 1e6)
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             let mut cached = self.shared.probe.lock().await;
             if let Some((at, r)) = &*cached {
-                if at.elapsed() < PROBE_INTERVAL && r.is_ok() {
+                let reuse = Duration::from_secs_f64(self.shared.config.probe_interval);
+                if at.elapsed() < reuse && r.is_ok() {
                     return r.clone();
                 }
             }
@@ -459,9 +468,12 @@ impl Model for Upstream {
                 queue: cap.max_queue,
             });
         }
+        // as for a local model: running requests fill the slots, beyond slots + max_queue in
+        // flight the queue is full (so `--max-queue 0` refuses only what would have to wait)
         let waiting = sh.waiting.load(Ordering::SeqCst);
-        if waiting + seqs.len() > sh.max_queue {
-            return Err(SubmitError::QueueFull(waiting));
+        let running = sh.running.load(Ordering::SeqCst);
+        if running + waiting + seqs.len() > cap.seq_slots + sh.max_queue {
+            return Err(SubmitError::QueueFull(sh.max_queue));
         }
         let mut jobs = vec![];
         for s in &seqs {

@@ -198,6 +198,26 @@ impl Pool {
         Some(least)
     }
 
+    /// Room for an admitted request on another replica than the one it holds, now, if one has
+    /// it (the least loaded that admits and is not saturated): where a retry goes when its
+    /// replica failed. Ahead of waiting groups, since this request was admitted already.
+    pub fn elsewhere(self: &Arc<Self>, held: &Reservation) -> Option<Reservation> {
+        let now = Instant::now();
+        let i = (0..self.replicas.len())
+            .filter(|&i| i != held.replica)
+            .filter(|&i| {
+                let r = &self.replicas[i];
+                let (seqs, tokens) = r.in_flight();
+                r.breaker.admits(now)
+                    && !r.saturated.load(Ordering::SeqCst)
+                    && seqs < r.limits.seqs
+                    && tokens + held.tokens <= r.limits.tokens
+                    && held.tokens <= r.limits.context
+            })
+            .min_by_key(|&i| self.replicas[i].in_flight().1)?;
+        self.reserve(i, &[held.tokens]).pop()
+    }
+
     fn reserve(self: &Arc<Self>, i: usize, costs: &[usize]) -> Vec<Reservation> {
         let r = &self.replicas[i];
         let mut f = r.in_flight.lock().unwrap_or_else(|p| p.into_inner());
@@ -296,6 +316,27 @@ mod tests {
         // without affinity: the least loaded
         let d = p.take(&[10], None).await.unwrap();
         assert_eq!(d[0].replica, 1);
+    }
+
+    #[tokio::test]
+    async fn a_retry_moves_to_another_replica_with_room_and_gives_the_first_back() {
+        let p = pool(
+            3,
+            Limits {
+                seqs: 1,
+                tokens: 100,
+                context: 100,
+            },
+        );
+        let a = p.take(&[40], Some(0)).await.unwrap().pop().unwrap();
+        let _busy = p.take(&[10], None).await.unwrap();
+        let b = p.elsewhere(&a).expect("the third replica is free");
+        assert!(b.replica != a.replica && p.replicas[b.replica].in_flight() == (1, 40));
+        // every other replica full: nowhere to go
+        assert!(p.elsewhere(&b).is_none());
+        let first = a.replica;
+        drop(a);
+        assert_eq!(p.replicas[first].in_flight(), (0, 0));
     }
 
     #[tokio::test]

@@ -13,6 +13,15 @@ use crate::error::ApiError;
 pub fn variant(v: &abserve_ab::Variant, model: &abserve_models::Entry) -> Result<(), ApiError> {
     let scope = format!("variants.{}", v.id);
     let at = |e: PrepareError| ApiError::from(e.within(&scope));
+    if v.daily_spend_cap.is_some() && !model.priced() {
+        return Err(at(PrepareError::new(
+            "daily_spend_cap",
+            format!(
+                "the model '{}' has no prices (input_price, output_price of its [[upstream]]), so what the variant spends is unknown",
+                model.id
+            ),
+        )));
+    }
     let probe = v
         .chat_for_input("test input")
         .map_err(|e| at(PrepareError::new("template", e.message)))?;

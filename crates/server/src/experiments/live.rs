@@ -36,6 +36,8 @@ pub struct AbState {
     sticky: RwLock<BTreeMap<String, std::collections::HashMap<String, String>>>,
     poll: Duration,
     reload: Arc<tokio::sync::Notify>,
+    /// What capped variants' fan-out answers still running may cost (`spend.rs`).
+    pub(super) holds: super::spend::Holds,
 }
 
 impl AbState {
@@ -98,6 +100,7 @@ impl AbState {
             sticky: Default::default(),
             poll,
             reload: Default::default(),
+            holds: Default::default(),
         })
     }
 

@@ -8,6 +8,7 @@
 //! - `live`: [`AbState`], the experiments this replica routes and their store;
 //! - `routing`: assignment of a unit (sticky for bandits, stopped variants served the control)
 //!   and the exposure recorder;
+//! - `spend`: daily spend caps of variants' fan-out, held before and settled after each answer;
 //! - `check`: a variant checked as the request it will produce, by the model it names;
 //! - `routes`: the HTTP routes of definitions, events and results;
 //! - `periodic`: the one task that reads each experiment's results once per pass;
@@ -19,6 +20,7 @@ mod live;
 mod periodic;
 pub(crate) mod routes;
 mod routing;
+mod spend;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +33,7 @@ use axum::Router;
 pub use check::variant as check_variant;
 pub use live::AbState;
 pub use routing::Routed;
+pub use spend::Held;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;

@@ -1,6 +1,9 @@
 //! `POST /v1/experiments/{name}/fanout`: every variant of an experiment on one input, side by
 //! side — each prepared by the model its variant names, admitted as one group per model (all
-//! of its variants or none), answered with counts and timings.
+//! of its variants or none), answered with counts, timings and cost. Variants that cost money
+//! can answer a share of the inputs (`fanout_rate`: the others are `skipped`) and be refused
+//! past a daily spend cap (`daily_spend_cap`: held before the answer, settled after it;
+//! `experiments::spend`).
 
 use std::sync::Arc;
 
@@ -27,9 +30,10 @@ pub(crate) struct FanoutBody {
     input: String,
 }
 
-/// Runs every variant of an experiment on one input, concurrently, and returns the outputs
-/// side by side.
-/// Every variant on one input, side by side (queued as one group: all variants or none).
+/// Every variant of an experiment on one input, concurrently, side by side (queued as one group
+/// per model: all of its variants or none). A variant with a `fanout_rate` answers only the
+/// inputs its hash samples (`skipped` on the others); one with a `daily_spend_cap` is refused
+/// (its `error`) when this answer could pass the cap, and what it cost is added to the day's.
 #[utoipa::path(post, path = "/v1/experiments/{name}/fanout", params(("name" = String, Path, description = "the experiment's name")), request_body = FanoutBody, responses((status = 200, body = Fanout)))]
 pub async fn fanout(
     State(state): State<Arc<AppState>>,
@@ -41,9 +45,31 @@ pub async fn fanout(
     let (input, requests) = state
         .off_thread(move |st| fanout_requests(st, &exp, &body))
         .await?;
-    let tools: Vec<Option<ToolUse>> = requests.iter().map(|(_, p)| p.tools.clone()).collect();
+    let mut results: Vec<FanoutResult> = e
+        .variants
+        .iter()
+        .map(|v| FanoutResult {
+            variant: v.id.clone(),
+            model: v
+                .model
+                .clone()
+                .unwrap_or_else(|| state.models.default_entry().id.clone()),
+            skipped: (!v.fans_out(e.seed(), &input)).then(|| {
+                format!(
+                    "fanout_rate {} left this input out",
+                    v.fanout_rate.unwrap_or(1.0)
+                )
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let ab = state.experiments.ab()?;
+    let (holds, running) = hold_spend(&state, ab, &e, requests, &mut results).await;
+    let tools: Vec<Option<ToolUse>> = running.iter().map(|(_, _, p)| p.tools.clone()).collect();
+    let positions: Vec<usize> = running.iter().map(|(k, _, _)| *k).collect();
     let group = (e.name.clone(), e.max_kv_share);
-    let admitted = admit_by_model(&state, requests, group).await?;
+    let seqs = running.into_iter().map(|(_, m, p)| (m, p)).collect();
+    let admitted = admit_by_model(&state, seqs, group).await?;
     let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
     let outs =
         futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
@@ -57,25 +83,23 @@ pub async fn fanout(
                 .unwrap_or(u64::MAX)
         })
         .collect();
-    let mut results: Vec<FanoutResult> = e
-        .variants
-        .iter()
-        .zip(outs)
-        .zip(&tools)
-        .map(|((v, o), t)| {
-            let mut r = fanout_result(&state, &v.id, o, t.as_ref());
-            r.model = v
-                .model
-                .clone()
-                .unwrap_or_else(|| state.models.default_entry().id.clone());
-            r
-        })
-        .collect();
-    // admission rank of each variant (0 = admitted first)
+    let mut costs = vec![None; results.len()];
+    for ((&k, o), t) in positions.iter().zip(outs).zip(&tools) {
+        let model = std::mem::take(&mut results[k].model);
+        results[k] = fanout_result(&state, &e.variants[k].id, o, t.as_ref());
+        results[k].model = model;
+        costs[k] = results[k].cost;
+    }
+    for (k, held) in holds {
+        if let Some(h) = held {
+            h.settle(costs[k]).await;
+        }
+    }
+    // admission rank of each variant that ran (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
     idx.sort_by_key(|&i| orders[i]);
     for (rank, &i) in idx.iter().enumerate() {
-        results[i].admission_rank = rank;
+        results[positions[i]].admission_rank = rank;
     }
     Ok(Json(Fanout {
         experiment: e.name,
@@ -83,6 +107,33 @@ pub async fn fanout(
         results,
     })
     .into_response())
+}
+
+/// The capped variants' holds on their daily spend (`experiments::spend`), and the requests
+/// that may run; a variant refused for its cap gets its result's `error`.
+async fn hold_spend<'a>(
+    state: &AppState,
+    ab: &'a crate::experiments::AbState,
+    e: &Experiment,
+    requests: Vec<(usize, usize, Prepared)>,
+    results: &mut [FanoutResult],
+) -> (
+    Vec<(usize, Option<crate::experiments::Held<'a>>)>,
+    Vec<(usize, usize, Prepared)>,
+) {
+    let mut holds = vec![];
+    let mut running = vec![];
+    for (k, model, p) in requests {
+        let most = state.models.at(model).max_cost(&p);
+        match ab.hold_spend(&e.name, &e.variants[k], most).await {
+            Ok(held) => {
+                holds.push((k, held));
+                running.push((k, model, p));
+            }
+            Err(why) => results[k].error = Some(why),
+        }
+    }
+    (holds, running)
 }
 
 /// Admits a fan-out's requests, each on its variant's model: one group per model (all of its
@@ -112,21 +163,25 @@ async fn admit_by_model(
     Ok(slots.into_iter().flatten().collect())
 }
 
-/// The sequence of every variant of `exp` for a fan-out body, prepared by the variant's model
-/// as a chat request routed to that variant would be (an unset `max_tokens` is clamped to the
-/// room the context leaves), beside the model's position in the registry.
+/// The sequence of every variant of `exp` that answers the fan-out body's input (its
+/// `fanout_rate`), prepared by the variant's model as a chat request routed to that variant
+/// would be (an unset `max_tokens` is clamped to the room the context leaves), beside the
+/// variant's position and its model's in the registry.
 fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
-) -> Result<(String, Vec<(usize, Prepared)>), ApiError> {
+) -> Result<(String, Vec<(usize, usize, Prepared)>), ApiError> {
     let b: FanoutBody = crate::body::parse_body(body)?;
     let defaults = Sampling {
         temperature: Some(1.0),
         ..Default::default()
     };
     let mut requests = vec![];
-    for v in &exp.variants {
+    for (k, v) in exp.variants.iter().enumerate() {
+        if !v.fans_out(exp.seed(), &b.input) {
+            continue;
+        }
         let asked = Asked {
             prompt: Prompt::Chat(vec![ChatMessage::new("user", &b.input)]),
             sampling: defaults.clone(),
@@ -148,7 +203,7 @@ fn fanout_requests(
             &Options::new(256),
             st.config.max_prompt_tokens,
         )?;
-        requests.push((model, p));
+        requests.push((k, model, p));
     }
     Ok((b.input, requests))
 }
@@ -174,6 +229,7 @@ fn fanout_result(
             r.ttft_ms = Some(d.time_to_first_token.as_secs_f64() * 1e3);
             r.latency_ms = Some(d.total_time.as_secs_f64() * 1e3);
             r.finish_reason = Some(d.finish_reason.as_str().into());
+            r.cost = d.cost;
             r.grammar_complete = d.grammar.map(|g| g.complete);
             if let Some(t) = tools {
                 let text = r.output.take().unwrap_or_default();

@@ -287,3 +287,55 @@ async fn experiments_are_created_from_toml_by_the_same_rules() {
         "only experiment definitions come as TOML"
     );
 }
+
+/// A variant with `fanout_rate` answers exactly the fan-out inputs its hash samples (`skipped`
+/// on the others, sent nothing); a `daily_spend_cap` on a model without prices is refused when
+/// the experiment is created, naming the field.
+#[tokio::test]
+async fn fanout_rate_samples_inputs_and_a_cap_needs_prices() {
+    let a = app(Some(EXPERIMENT)).await;
+    let def = json!({"name": "sampled", "variants": [
+        {"id": "all", "max_tokens": 2},
+        {"id": "half", "max_tokens": 2, "fanout_rate": 0.5}]});
+    let (s, _, bytes) = a.post("/v1/experiments", def).await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let e = a.state.experiments.find("sampled").unwrap();
+    let mut seen = [0, 0];
+    for i in 0..12 {
+        let input = format!("input {i}");
+        let before = a.ctl.submitted.lock().unwrap().len();
+        let (s, _, bytes) = a
+            .post("/v1/experiments/sampled/fanout", json!({ "input": input }))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        let f: abserve_protocol::abserve::Fanout = serde_json::from_slice(&bytes).unwrap();
+        let half = &f.results[1];
+        let sampled = e.variants[1].fans_out(e.seed(), &input);
+        seen[sampled as usize] += 1;
+        assert_eq!(half.skipped.is_none(), sampled, "{half:?}");
+        assert_eq!(half.output.is_some(), sampled, "{half:?}");
+        assert!(f.results[0].output.is_some());
+        let sent = a.ctl.submitted.lock().unwrap().len() - before;
+        assert_eq!(
+            sent,
+            1 + sampled as usize,
+            "a skipped variant is sent nothing"
+        );
+    }
+    assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+
+    let capped = json!({"name": "capped", "variants": [
+        {"id": "a"}, {"id": "b", "max_tokens": 2, "daily_spend_cap": 1.0}]});
+    let (s, _, bytes) = a.post("/v1/experiments", capped).await;
+    let body = String::from_utf8_lossy(&bytes);
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.contains("variants.b.daily_spend_cap") && body.contains("no prices"),
+        "{body}"
+    );
+}
