@@ -278,13 +278,24 @@ def test_cost_is_recorded_per_exposure_analysed_and_guarded(env):
 
 
 def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):
-    busiest = [0]
+    """64 requests at once at a 4-slot llama.cpp through abserve: every 50 ms, llama.cpp's /slots
+    holds at most 4 requests and at most its 4 × 512 tokens (each busy slot's prompt + answer so
+    far + what remains of its max_tokens), and abserve's own reservation there stays within the
+    capacity it read; llama.cpp defers nothing; the excess gets 429 + Retry-After."""
+    busiest, most_tokens, most_reserved = [0], [0], [0.0]
     stop_poll = threading.Event()
 
     def poll():
         while not stop_poll.is_set():
-            slots = get(env["llama"] + "/slots")
-            busiest[0] = max(busiest[0], sum(1 for s in slots if s["is_processing"]))
+            slots = [s for s in get(env["llama"] + "/slots") if s["is_processing"]]
+            busiest[0] = max(busiest[0], len(slots))
+            held = sum(s.get("n_prompt_tokens", 0) + sum(t["n_decoded"] + t["n_remain"] for t in s.get("next_token", []))
+                       for s in slots)
+            most_tokens[0] = max(most_tokens[0], held)
+            m = text(env["main"].base + "/metrics")
+            reserved = [float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
+                        if line.startswith("abserve_upstream_tokens_reserved{") and 'model="llama"' in line]
+            most_reserved[0] = max([most_reserved[0], *reserved])
             time.sleep(0.05)
 
     poller = threading.Thread(target=poll)
@@ -313,7 +324,11 @@ def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):
     assert codes.count(200) >= SLOTS
     assert all(o[1] == 48 for o in out if o[0] == 200)
     assert all(o[1] and int(o[1]) >= 1 for o in out if o[0] == 429), "429 carries Retry-After"
-    assert busiest[0] <= SLOTS
+    assert 0 < busiest[0] <= SLOTS
+    assert 0 < most_tokens[0] <= SLOTS * CTX, most_tokens
+    capacity = [float(line.rsplit(" ", 1)[1]) for line in text(env["main"].base + "/metrics").splitlines()
+                if line.startswith("abserve_upstream_token_capacity{") and 'model="llama"' in line]
+    assert capacity == [SLOTS * CTX] and 0 < most_reserved[0] <= SLOTS * CTX, (capacity, most_reserved)
     assert metric(text(env["llama"] + "/metrics"), "llamacpp:requests_deferred") == 0
 
 
