@@ -643,7 +643,8 @@ def test_replicas_share_the_load_keep_a_prompts_affinity_and_cover_for_a_dead_on
     """Two real llama.cpp servers as replicas of one upstream id: requests with one system
     prompt go to one replica while it is not busier than the other (its prefix cache holds the
     prompt), a burst spills over to both, and when one replica is killed its requests are
-    retried at once on the other (answered, not failed) and its breaker opens."""
+    retried at once on the other (answered, not failed), its breaker opens, and /ready stays
+    ready while the other replica serves."""
     second, second_url = start_peer(SLOTS, CTX, LLAMA_SETTINGS)
     f = os.path.join(env["dir"], "pair.toml")
     with open(f, "w") as out:
@@ -688,6 +689,8 @@ def test_replicas_share_the_load_keep_a_prompts_affinity_and_cover_for_a_dead_on
                  if line.startswith("abserve_upstream_breaker_state{") and '"pair"' in line and second_url in line]
         assert state == [1.0], m
         assert metric(m, 'abserve_upstream_retries_total{model="pair"}') >= 2
+        # the other replica serves: the upstream is not down, so neither is readiness
+        assert get(s.base + "/ready")["status"] == "ready"
     finally:
         s.stop()
         if second is not None:

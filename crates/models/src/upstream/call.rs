@@ -421,13 +421,14 @@ impl Stream {
 /// the first-token timeout; an open breaker fails it.
 pub(crate) async fn probe(sh: &Arc<Shared>) -> Result<(), String> {
     let id = &sh.id;
-    for r in &sh.pool.replicas {
-        if r.breaker.is_open() {
-            return Err(format!(
-                "the circuit breaker of {} is open after repeated failures",
-                r.url
-            ));
-        }
+    // the upstream is down when no replica can take work: one replica's open breaker only takes
+    // that replica out (the pool skips it), so readiness does not fail for it
+    if sh.pool.replicas.iter().all(|r| r.breaker.is_open()) {
+        let urls: Vec<&str> = sh.pool.replicas.iter().map(|r| r.url.as_str()).collect();
+        return Err(format!(
+            "the circuit breaker of every URL of '{id}' is open after repeated failures ({})",
+            urls.join(", ")
+        ));
     }
     let messages = json!([{"role": "user", "content": "ready"}]);
     let mut body = Map::new();
