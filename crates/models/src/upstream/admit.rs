@@ -117,7 +117,6 @@ pub(crate) async fn run_group(
         },
         _ = all_gone => return,
     };
-    drop(waiting);
     let queue_time = queued.elapsed();
     for (((tx, job), reservation), max) in
         txs.into_iter().zip(jobs).zip(reservations).zip(max_tokens)
@@ -131,6 +130,10 @@ pub(crate) async fn run_group(
         if let Some(max) = max {
             body.insert("max_tokens".into(), json!(max));
         }
+        // counted as running before the group stops counting as waiting, so that for a moment
+        // it counts twice (a queue bound refuses one more) rather than not at all
+        sh.running.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(call::run(sh.clone(), reservation, body, tx, queue_time));
     }
+    drop(waiting);
 }

@@ -77,7 +77,8 @@ fn class(status: u16) -> &'static str {
 /// and whether it was the upstream's fault (a 499 is the client gone).
 type Outcome = Result<(Completion, Option<Duration>), (GenerationError, bool)>;
 
-/// Runs one admitted request to its end on the replica its reservation holds.
+/// Runs one admitted request to its end on the replica its reservation holds (counted in
+/// `running` by its admission, given back here).
 pub(crate) async fn run(
     sh: Arc<Shared>,
     reservation: Reservation,
@@ -85,7 +86,6 @@ pub(crate) async fn run(
     tx: UnboundedSender<Event>,
     queue_time: Duration,
 ) {
-    sh.running.fetch_add(1, Ordering::SeqCst);
     let started = Instant::now();
     let mut reservation = reservation;
     let outcome = tries(&sh, &mut reservation, &body, &tx, started).await;
