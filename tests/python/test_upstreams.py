@@ -98,6 +98,12 @@ def metric(body, name):
     return None
 
 
+def samples(body, name, *labels):
+    """The values of every sample of series `name` whose labels contain each of `labels`."""
+    return [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+            if line.startswith(name + "{") and all(x in line for x in labels)]
+
+
 @pytest.fixture(scope="module")
 def env():
     llama, llama_url = start_peer(SLOTS, CTX, LLAMA_SETTINGS)
@@ -293,8 +299,7 @@ def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):
                        for s in slots)
             most_tokens[0] = max(most_tokens[0], held)
             m = text(env["main"].base + "/metrics")
-            reserved = [float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
-                        if line.startswith("abserve_upstream_tokens_reserved{") and 'model="llama"' in line]
+            reserved = samples(m, "abserve_upstream_tokens_reserved", 'model="llama"')
             most_reserved[0] = max([most_reserved[0], *reserved])
             time.sleep(0.05)
 
@@ -326,8 +331,7 @@ def test_a_burst_never_puts_more_requests_at_llama_cpp_than_its_slots(env):
     assert all(o[1] and int(o[1]) >= 1 for o in out if o[0] == 429), "429 carries Retry-After"
     assert 0 < busiest[0] <= SLOTS
     assert 0 < most_tokens[0] <= SLOTS * CTX, most_tokens
-    capacity = [float(line.rsplit(" ", 1)[1]) for line in text(env["main"].base + "/metrics").splitlines()
-                if line.startswith("abserve_upstream_token_capacity{") and 'model="llama"' in line]
+    capacity = samples(text(env["main"].base + "/metrics"), "abserve_upstream_token_capacity", 'model="llama"')
     assert capacity == [SLOTS * CTX] and 0 < most_reserved[0] <= SLOTS * CTX, (capacity, most_reserved)
     assert metric(text(env["llama"] + "/metrics"), "llamacpp:requests_deferred") == 0
 
@@ -685,8 +689,7 @@ def test_replicas_share_the_load_keep_a_prompts_affinity_and_cover_for_a_dead_on
             status, body = ask(system)
             assert status == 200, f"a dead replica's request was not covered by the live one: {body}"
         m = text(s.base + "/metrics")
-        state = [float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
-                 if line.startswith("abserve_upstream_breaker_state{") and '"pair"' in line and second_url in line]
+        state = samples(m, "abserve_upstream_breaker_state", 'model="pair"', second_url)
         assert state == [1.0], m
         assert metric(m, 'abserve_upstream_retries_total{model="pair"}') >= 2
         # the other replica serves: the upstream is not down, so neither is readiness

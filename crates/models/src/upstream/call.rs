@@ -92,10 +92,7 @@ pub(crate) async fn run(
     let replica = &sh.pool.replicas[reservation.replica];
     settle(&sh, replica, outcome, &tx, queue_time, started);
     sh.running.fetch_sub(1, Ordering::SeqCst);
-    sh.series
-        .breaker
-        .with_label_values(&[replica.url.as_str()])
-        .set(replica.breaker.gauge() as i64);
+    replica.show_breaker(&sh.series);
     drop(reservation);
     sh.pool.poke();
 }
@@ -129,10 +126,7 @@ async fn tries(
         match r {
             Err(Failure::Retry { error, after }) if attempt < sh.config.retries && !relay.sent => {
                 replica.breaker.failed(Instant::now());
-                sh.series
-                    .breaker
-                    .with_label_values(&[replica.url.as_str()])
-                    .set(replica.breaker.gauge() as i64);
+                replica.show_breaker(&sh.series);
                 attempt += 1;
                 sh.series.retries.inc();
                 if let Some(other) = sh.pool.elsewhere(reservation) {

@@ -53,6 +53,14 @@ impl Replica {
         }
     }
 
+    /// Shows this replica's breaker in `series` (0 closed, 1 open, 2 half-open).
+    pub fn show_breaker(&self, series: &Series) {
+        series
+            .breaker
+            .with_label_values(&[self.url.as_str()])
+            .set(self.breaker.gauge() as i64);
+    }
+
     /// (requests, tokens) abserve has in flight here.
     pub fn in_flight(&self) -> (usize, usize) {
         *self.in_flight.lock().unwrap_or_else(|p| p.into_inner())

@@ -94,10 +94,7 @@ pub(crate) fn spawn(sh: &Arc<Shared>) {
                 sh.series.saturated.with_label_values(&url).set(now as i64);
                 // an open breaker half-opens by time alone: show it as it is now
                 r.breaker.admits(std::time::Instant::now());
-                sh.series
-                    .breaker
-                    .with_label_values(&url)
-                    .set(r.breaker.gauge() as i64);
+                r.show_breaker(&sh.series);
                 if was && share < sh.config.saturation_threshold {
                     sh.pool.poke();
                 }

@@ -54,15 +54,16 @@ pub async fn fanout(
                 .model
                 .clone()
                 .unwrap_or_else(|| state.models.default_entry().id.clone()),
-            skipped: (!v.fans_out(e.seed(), &input)).then(|| {
-                format!(
-                    "fanout_rate {} left this input out",
-                    v.fanout_rate.unwrap_or(1.0)
-                )
-            }),
             ..Default::default()
         })
         .collect();
+    // the variants fanout_requests left out: their fanout_rate sampled this input out
+    for (k, v) in e.variants.iter().enumerate() {
+        if !requests.iter().any(|(j, _, _)| *j == k) {
+            let rate = v.fanout_rate.unwrap_or(1.0);
+            results[k].skipped = Some(format!("fanout_rate {rate} left this input out"));
+        }
+    }
     let ab = state.experiments.ab()?;
     let (holds, running) = hold_spend(&state, ab, &e, requests, &mut results).await;
     let tools: Vec<Option<ToolUse>> = running.iter().map(|(_, _, p)| p.tools.clone()).collect();
@@ -83,17 +84,13 @@ pub async fn fanout(
                 .unwrap_or(u64::MAX)
         })
         .collect();
-    let mut costs = vec![None; results.len()];
     for ((&k, o), t) in positions.iter().zip(outs).zip(&tools) {
         let model = std::mem::take(&mut results[k].model);
         results[k] = fanout_result(&state, &e.variants[k].id, o, t.as_ref());
         results[k].model = model;
-        costs[k] = results[k].cost;
     }
     for (k, held) in holds {
-        if let Some(h) = held {
-            h.settle(costs[k]).await;
-        }
+        held.settle(results[k].cost).await;
     }
     // admission rank of each variant that ran (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
@@ -109,8 +106,8 @@ pub async fn fanout(
     .into_response())
 }
 
-/// The capped variants' holds on their daily spend (`experiments::spend`), and the requests
-/// that may run; a variant refused for its cap gets its result's `error`.
+/// The capped variants' holds on their daily spend (`experiments::spend`), by variant, and the
+/// requests that may run; a variant refused for its cap gets its result's `error`.
 async fn hold_spend<'a>(
     state: &AppState,
     ab: &'a crate::experiments::AbState,
@@ -118,7 +115,7 @@ async fn hold_spend<'a>(
     requests: Vec<(usize, usize, Prepared)>,
     results: &mut [FanoutResult],
 ) -> (
-    Vec<(usize, Option<crate::experiments::Held<'a>>)>,
+    Vec<(usize, crate::experiments::Held<'a>)>,
     Vec<(usize, usize, Prepared)>,
 ) {
     let mut holds = vec![];
@@ -127,7 +124,7 @@ async fn hold_spend<'a>(
         let most = state.models.at(model).max_cost(&p);
         match ab.hold_spend(&e.name, &e.variants[k], most).await {
             Ok(held) => {
-                holds.push((k, held));
+                holds.extend(held.map(|h| (k, h)));
                 running.push((k, model, p));
             }
             Err(why) => results[k].error = Some(why),
