@@ -128,6 +128,10 @@ pub struct Experiment {
     pub control: Option<String>,
     /// Largest share (0, 1] of KV cells this experiment's running sequences may hold.
     pub max_kv_share: Option<f64>,
+    /// The priority class of its requests that name none (`service_tier`): `interactive` (the
+    /// default of a routed request) or `fanout` (the default of a fan-out) or `batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<abserve_protocol::Class>,
     /// Total units at which the sequential confidence sequence is narrowest (default 5000,
     /// GrowthBook's); see `sequential`.
     pub sequential_tuning: Option<f64>,

@@ -39,6 +39,10 @@ pub struct EvalArgs {
     /// Model name at --url (default: the first of its /v1/models).
     #[arg(long, requires = "url")]
     pub remote_model: Option<String>,
+    /// Sent as every request's `service_tier` at --url: with abserve, `batch` (or OpenAI's
+    /// `flex`) runs the eval behind live traffic on the same model (priority classes).
+    #[arg(long, requires = "url")]
+    pub service_tier: Option<String>,
     /// Environment variable that holds the API key for --url.
     #[arg(long, default_value = "OPENAI_API_KEY")]
     pub api_key_env: String,
@@ -206,7 +210,9 @@ fn models_named(a: &EvalArgs, cfg: &EvalConfig) -> anyhow::Result<()> {
 async fn source(a: &EvalArgs, key: Option<String>) -> anyhow::Result<Source> {
     Ok(match (&a.url, &a.amqp) {
         (Some(url), _) => Source::Target(Arc::new(Target::Http(
-            Http::connect(url, key, a.remote_model.clone()).await?,
+            Http::connect(url, key, a.remote_model.clone())
+                .await?
+                .at_tier(a.service_tier.clone()),
         ))),
         (None, Some(amqp)) => Source::Queue(QueueSpec {
             amqp: amqp.clone(),

@@ -204,7 +204,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut receivers = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
         let rx = model
-            .submit(vec![j.clone()], None, None)
+            .submit(vec![j.clone()], abserve_engine::Placement::default())
             .map_err(|e| anyhow::anyhow!("prompt {}: {e}", i + 1))?
             .remove(0);
         receivers.push(rx);

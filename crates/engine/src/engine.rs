@@ -26,7 +26,7 @@ use crate::llama::{
 };
 use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
 use crate::prepare::{self, Tokenizer};
-use crate::request::{Event, Request, SubmitError};
+use crate::request::{Class, Event, Request, SubmitError};
 use crate::scheduler::{
     EngineStats, InFlight, Scheduler, SchedulerConfig, StatsSnapshot, StepObserver,
 };
@@ -357,7 +357,7 @@ impl Engine {
     /// the request and frees its KV cells within one step.
     pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         self.check(&req)?;
-        let permit = self.reserve(1, req.priority)?.remove(0);
+        let permit = self.reserve(1, req.probe, req.class)?.remove(0);
         self.send(req, permit)
     }
 
@@ -372,7 +372,8 @@ impl Engine {
         for r in &reqs {
             self.check(r)?;
         }
-        let permits = self.reserve(reqs.len(), false)?;
+        let class = reqs.iter().map(|r| r.class).min().unwrap_or_default();
+        let permits = self.reserve(reqs.len(), false, class)?;
         let (members, rxs): (Vec<_>, Vec<_>) = reqs
             .into_iter()
             .zip(permits)
@@ -407,8 +408,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Takes `n` places among slots + queue at once, or none (the priority lane always has one).
-    fn reserve(&self, n: usize, priority: bool) -> Result<Vec<InFlight>, SubmitError> {
+    /// Takes `n` places of `class` among slots + queue at once, or none: refused when the
+    /// requests of `class` and more urgent classes fill them (less urgent work gives its slots
+    /// up: `scheduler/classes.rs`); a readiness probe always has one.
+    fn reserve(&self, n: usize, probe: bool, class: Class) -> Result<Vec<InFlight>, SubmitError> {
         // running sequences fill the slots; beyond slots + max_queue the queue is full
         let slots = self.plan.seq_slots as usize;
         let capacity = slots.saturating_add(self.max_queue);
@@ -420,8 +423,8 @@ impl Engine {
                 queue: self.max_queue,
             });
         }
-        let (inflight, permits) = InFlight::take(&self.stats, n);
-        if !priority && inflight + n > capacity {
+        let (inflight, permits) = InFlight::take(&self.stats, n, class);
+        if !probe && inflight + n > capacity {
             return Err(SubmitError::QueueFull(self.max_queue));
         }
         Ok(permits)

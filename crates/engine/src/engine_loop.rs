@@ -126,7 +126,7 @@ pub(crate) fn submit(
     stats: &std::sync::Arc<crate::scheduler::EngineStats>,
 ) -> (Command, crate::request::EventReceiver) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let (_, mut permit) = InFlight::take(stats, 1);
+    let (_, mut permit) = InFlight::take(stats, 1, req.class);
     (Command::Submit(req, tx, permit.remove(0)), rx)
 }
 

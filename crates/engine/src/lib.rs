@@ -47,8 +47,8 @@ pub use engine::Engine;
 pub use engine::MeasuredMemory;
 pub use llama::Model;
 pub use request::{
-    admitted_together, Completion, Event, EventReceiver, FinishReason, GenerationError,
-    GrammarOutcome, Request, SubmitError,
+    admitted_together, Class, Completion, Event, EventReceiver, FinishReason, GenerationError,
+    GrammarOutcome, Placement, Request, SubmitError,
 };
 pub use sampler::{SamplingParams, TokenLogprob};
-pub use scheduler::{EngineStats, SetCounts, StatsSnapshot};
+pub use scheduler::{ClassCounts, EngineStats, SetCounts, StatsSnapshot};

@@ -8,6 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::adapters::{AdapterLease, AdapterSet};
 use crate::grammar::Constraint;
 use crate::sampler::{SamplingParams, TokenLogprob};
+pub use abserve_protocol::Class;
 
 /// One generation request, already tokenized and validated by the caller.
 #[derive(Debug, Clone)]
@@ -16,8 +17,14 @@ pub struct Request {
     pub params: SamplingParams,
     /// Fairness and quota group (an experiment); `None` for plain requests.
     pub group: Option<String>,
-    /// Readiness probes: admitted before the queue, never beyond the memory plan.
-    pub priority: bool,
+    /// Readiness probes: admitted before the queue and every class, never beyond the memory
+    /// plan, never preempted.
+    pub probe: bool,
+    /// Who waits for whom: a waiting request of a higher class is admitted before any lower
+    /// one, and takes a lower one's slot when none is free (`scheduler/classes.rs`).
+    pub class: Class,
+    /// Order within a class, vLLM's `priority`: lower first (default 0).
+    pub priority: i32,
     /// Largest share (0, 1] of KV cells the running sequences of `group` may hold.
     pub kv_share: Option<f64>,
     /// The grammar the answer must match (compiled by the preparation stage), if any.
@@ -35,11 +42,33 @@ impl Request {
             prompt,
             params,
             group: None,
-            priority: false,
+            probe: false,
+            class: Class::default(),
+            priority: 0,
             kv_share: None,
             constraint: None,
             adapters: AdapterSet::default(),
             lease: AdapterLease::default(),
+        }
+    }
+}
+
+/// Where a request's sequences stand among the others on their model: the fairness group and
+/// memory share of an experiment, and their priority class and `priority` within it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    pub group: Option<String>,
+    pub kv_share: Option<f64>,
+    pub class: Class,
+    pub priority: i32,
+}
+
+impl Placement {
+    /// A plain request of `class` (no experiment, `priority` 0).
+    pub fn of(class: Class) -> Self {
+        Placement {
+            class,
+            ..Placement::default()
         }
     }
 }

@@ -16,6 +16,9 @@ use crate::error::EvalError;
 pub struct Http {
     api: abserve_protocol::Client,
     pub model: String,
+    /// Sent as every request's `service_tier` (abserve: `batch` runs the eval behind live
+    /// traffic; see docs/engine.md), when set.
+    service_tier: Option<String>,
 }
 
 pub enum Target {
@@ -44,7 +47,19 @@ impl Http {
             Some(m) => m,
             None => api.first_model().await.map_err(EvalError::NoModel)?,
         };
-        Ok(Http { api, model })
+        Ok(Http {
+            api,
+            model,
+            service_tier: None,
+        })
+    }
+
+    /// This endpoint with every request sent at `tier` (`service_tier`).
+    pub fn at_tier(self, tier: Option<String>) -> Http {
+        Http {
+            service_tier: tier,
+            ..self
+        }
     }
 
     async fn chat(&self, call: &Call) -> Result<Generation, CallError> {
@@ -57,6 +72,7 @@ impl Http {
                 model: Some(call.model.clone().unwrap_or_else(|| self.model.clone())),
                 sampling: call.sampling.clone(),
                 structure: call.structure.clone(),
+                service_tier: self.service_tier.clone(),
                 ..Default::default()
             },
             messages: call

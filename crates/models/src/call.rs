@@ -11,7 +11,7 @@ use std::time::Instant;
 use abserve_protocol::calls::{tool_calls_text, Call, CallError, Generation, DEFAULT_MAX_TOKENS};
 
 use abserve_engine::prepare::{Input, Options};
-use abserve_engine::SubmitError;
+use abserve_engine::{Class, Placement, SubmitError};
 
 use crate::Registry;
 
@@ -43,7 +43,7 @@ pub async fn chat(models: &Registry, call: &Call) -> Result<Generation, CallErro
         .map_err(|e| CallError::Failed(format!("{}: {e}", e.field)))?;
     let started = Instant::now();
     let tools = prepared.tools.clone();
-    let rx = match model.submit(vec![prepared], None, None) {
+    let rx = match model.submit(vec![prepared], Placement::of(Class::Batch)) {
         Ok(mut rx) => rx.remove(0),
         Err(SubmitError::QueueFull(_)) => return Err(CallError::Overloaded { retry_after: None }),
         Err(e) => return Err(CallError::Failed(e.to_string())),

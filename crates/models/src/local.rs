@@ -11,7 +11,9 @@ use abserve_engine::prepare::{
     constraint, fit_context, prepare, sampling_params, shape, text_tokens, Input, Limits, Options,
     PrepareError,
 };
-use abserve_engine::{ChatMessage, Event, Request, SamplingParams, StatsSnapshot, SubmitError};
+use abserve_engine::{
+    ChatMessage, Event, Placement, Request, SamplingParams, StatsSnapshot, SubmitError,
+};
 use abserve_protocol::{Sampling, Structure};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -75,7 +77,7 @@ impl<E: EngineApi> Model for Local<E> {
                 return Err("engine thread has stopped".into());
             }
             let req = Request {
-                priority: true,
+                probe: true,
                 ..Request::new(text_tokens(&self.0, "ready"), SamplingParams::greedy(1))
             };
             let rx = self
@@ -137,8 +139,7 @@ impl<E: EngineApi> Model for Local<E> {
     fn submit(
         &self,
         seqs: Vec<Prepared>,
-        group: Option<String>,
-        kv_share: Option<f64>,
+        at: Placement,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         let mut reqs = Vec::with_capacity(seqs.len());
         for s in &seqs {
@@ -148,7 +149,7 @@ impl<E: EngineApi> Model for Local<E> {
                     "the request was prepared for another model".into(),
                 ));
             };
-            reqs.push(p.clone().take_request(group.clone(), kv_share));
+            reqs.push(p.clone().take_request(at.clone()));
         }
         match reqs.len() {
             1 => Ok(vec![self.0.submit(reqs.remove(0))?]),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use abserve_engine::plan::MemoryPlan;
 use abserve_engine::prepare::{Input, Options, PrepareError};
 use abserve_engine::tools::ToolUse;
-use abserve_engine::{ChatMessage, Event, StatsSnapshot, SubmitError};
+use abserve_engine::{ChatMessage, Event, Placement, StatsSnapshot, SubmitError};
 use abserve_protocol::{Sampling, Structure};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -106,13 +106,12 @@ pub trait Model: Send + Sync + 'static {
     ) -> Result<(), PrepareError>;
     /// Runs prepared sequences as one group (a fan-out, `n` choices, several prompts): all of
     /// them or none; each answers on its own channel, the first event `Admitted`. Dropping a
-    /// receiver cancels its sequence. `group` and `kv_share` are an experiment's fairness group
-    /// and its share of the model's memory.
+    /// receiver cancels its sequence. `at` places them among the model's other requests: an
+    /// experiment's fairness group and share of the model's memory, their priority class.
     fn submit(
         &self,
         seqs: Vec<Prepared>,
-        group: Option<String>,
-        kv_share: Option<f64>,
+        at: Placement,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError>;
     /// Whether its answers have a price (a model served elsewhere with prices configured):
     /// their cost is in `Completion::cost`.

@@ -11,11 +11,13 @@
 //! - [`calls`], [`jobs`]: an eval call and its answer, and the job-queue messages that carry them
 //!   between `abserve eval --amqp` and `abserve worker`;
 //! - [`Structure`]: what an answer must be (`response_format`, tools);
+//! - [`Class`]: a request's priority class (`service_tier`);
 //! - [`ChatMessage`], [`Sampling`]: the inputs of a generation that requests, variants, eval
 //!   calls and the engine's preparation stage share.
 //!
 //! No dependency on other abserve crates: the server, eval and loadtest all depend on this one.
 
+mod class;
 mod client;
 mod inputs;
 mod prometheus;
@@ -29,6 +31,7 @@ pub mod location;
 pub mod names;
 pub mod wire;
 
+pub use class::Class;
 pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming};
 pub use inputs::{Adapter, ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};

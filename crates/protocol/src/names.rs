@@ -118,6 +118,13 @@ pub const MODEL_GENERATED_TOKENS: &str = "abserve_model_generated_tokens_total";
 /// Per model: times one of its contexts (an adapter lane) was given another adapter set (each
 /// makes llama.cpp reserve that context's compute graphs again; with lanes, rare).
 pub const MODEL_ADAPTER_SET_CHANGES: &str = "abserve_model_adapter_set_changes_total";
+/// Per model and priority class (labels `model`, `class`: interactive, fanout, batch): requests
+/// waiting and running, and sequences preempted (for a more urgent class, or for memory).
+pub const CLASS_WAITING: &str = "abserve_class_requests_waiting";
+pub const CLASS_RUNNING: &str = "abserve_class_requests_running";
+pub const CLASS_PREEMPTIONS: &str = "abserve_class_preemptions_total";
+/// Time to first token per priority class (label `class`).
+pub const CLASS_TIME_TO_FIRST_TOKEN: &str = "abserve_class_time_to_first_token_seconds";
 pub const PREFIX: &str = "abserve_";
 
 /// Models served elsewhere (`--upstream`): label `model` (the upstream's id), and `url` (one of

@@ -335,10 +335,11 @@ function chart(history, metric, variant) {
 
 function exposuresTable(list) {
   return h('table', { id: 'exposures' },
-    h('thead', {}, h('tr', {}, ['Time', 'Unit', 'Variant', 'Latency ms', 'TTFT ms', 'Tokens', 'Cost', 'Error'].map((t, i) => h('th', { class: i > 2 ? 'num' : null }, t)))),
+    h('thead', {}, h('tr', {}, ['Time', 'Unit', 'Variant', 'Class', 'Latency ms', 'TTFT ms', 'Tokens', 'Cost', 'Error'].map((t, i) => h('th', { class: i > 3 ? 'num' : null }, t)))),
     h('tbody', {}, list.map((x) => h('tr', {},
       h('td', {}, new Date(x.at * 1000).toLocaleTimeString()),
       h('td', {}, x.unit), h('td', {}, x.variant, x.forced ? h('span', { class: 'muted' }, ' (forced)') : null),
+      h('td', { 'data-k': 'class' }, x.service_tier || '–'),
       cell('latency', x.latency_ms), cell('ttft', x.ttft_ms), cell('tokens', x.output_tokens, (t) => (finite(t) ? String(t) : '–')),
       cell('cost', x.cost, (c) => num(c, 6)),
       h('td', { class: 'num ' + (x.error ? 'error' : '') }, x.error || '')))));

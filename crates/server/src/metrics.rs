@@ -8,8 +8,8 @@ use abserve_engine::plan::MemoryPlan;
 use abserve_engine::EngineStats;
 use abserve_protocol::names;
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -26,6 +26,8 @@ pub struct Metrics {
     pub experiment_stopped: IntGaugeVec,
     pub rejections_total: IntCounterVec,
     pub ttft: Histogram,
+    /// Time to first token per priority class (label `class`).
+    pub class_ttft: HistogramVec,
     pub request_duration: Histogram,
     pub time_per_output_token: Histogram,
     pub engine_step: Histogram,
@@ -87,6 +89,11 @@ impl Reg<'_> {
         self.add(Histogram::with_opts(
             HistogramOpts::new(name, help).buckets(buckets),
         )?)
+    }
+    /// Latency histograms by `label`.
+    fn hists(&self, name: &str, help: &str, label: &str) -> prometheus::Result<HistogramVec> {
+        let opts = HistogramOpts::new(name, help).buckets(latency_buckets());
+        self.add(HistogramVec::new(opts, &[label])?)
     }
     fn gauges(&self, name: &str, help: &str, label: &str) -> prometheus::Result<IntGaugeVec> {
         self.add(IntGaugeVec::new(Opts::new(name, help), &[label])?)
@@ -333,6 +340,7 @@ impl Metrics {
                 "Waiting requests held back at the last step by the inter-token latency target (--max-itl-ms)",
             )?,
             ttft: reg.hist(names::TIME_TO_FIRST_TOKEN, "Time from request to first token", latency_buckets())?,
+            class_ttft: reg.hists(names::CLASS_TIME_TO_FIRST_TOKEN, "Time from request to first token per priority class", "class")?,
             request_duration: reg.hist(names::REQUEST_DURATION, "Time from request to last token", latency_buckets())?,
             time_per_output_token: reg.hist(
                 names::TIME_PER_OUTPUT_TOKEN,

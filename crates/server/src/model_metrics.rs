@@ -1,11 +1,12 @@
 //! Per-model series of `/metrics` (label `model`): every model of the registry, the default
 //! too, with its plan where this process runs it (budget, planned bytes, KV cells) and its
-//! KV cells in use, queue and tokens. The unlabelled engine series (`abserve_kv_cells_used`, …) stay the
+//! KV cells in use, queue and tokens, and its queue per priority class. The unlabelled engine series (`abserve_kv_cells_used`, …) stay the
 //! default model's, as they were before a server could hold several. The label's values are
 //! the `--model` ids: bounded by the operator.
 
 use std::sync::Mutex;
 
+use abserve_engine::Class;
 use abserve_models::Entry;
 use abserve_protocol::names;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -20,6 +21,9 @@ pub(crate) struct ModelSeries {
     prompt_tokens: IntCounterVec,
     generated_tokens: IntCounterVec,
     set_changes: IntCounterVec,
+    class_waiting: IntGaugeVec,
+    class_running: IntGaugeVec,
+    class_preemptions: IntCounterVec,
     models: Mutex<Vec<Entry>>,
 }
 
@@ -35,6 +39,20 @@ impl ModelSeries {
             registry.register(Box::new(c.clone()))?;
             Ok(c)
         };
+        let by_class = ["model", "class"];
+        let class_gauge = |name: &str, help: &str| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(name, help), &by_class)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let class_preemptions = IntCounterVec::new(
+            Opts::new(
+                names::CLASS_PREEMPTIONS,
+                "Sequences of a class preempted: for a more urgent class, or for memory",
+            ),
+            &by_class,
+        )?;
+        registry.register(Box::new(class_preemptions.clone()))?;
         Ok(ModelSeries {
             budget: gauge(names::MODEL_BUDGET, "A model's share of the memory budget")?,
             planned: gauge(
@@ -60,6 +78,15 @@ impl ModelSeries {
                 names::MODEL_ADAPTER_SET_CHANGES,
                 "Times a model's context (an adapter lane) was given another adapter set",
             )?,
+            class_waiting: class_gauge(
+                names::CLASS_WAITING,
+                "Sequences of a priority class waiting for admission to a model",
+            )?,
+            class_running: class_gauge(
+                names::CLASS_RUNNING,
+                "Sequences of a priority class in a model's running batch",
+            )?,
+            class_preemptions,
             models: Default::default(),
         })
     }
@@ -95,6 +122,17 @@ impl ModelSeries {
                 .set(s.kv_cells_used as i64);
             self.running.with_label_values(&id).set(s.running as i64);
             self.waiting.with_label_values(&id).set(s.waiting as i64);
+            for (class, n) in Class::ALL.iter().zip(s.classes) {
+                let l = [m.id.as_str(), class.as_str()];
+                self.class_waiting
+                    .with_label_values(&l)
+                    .set(n.waiting as i64);
+                self.class_running
+                    .with_label_values(&l)
+                    .set(n.running as i64);
+                let c = self.class_preemptions.with_label_values(&l);
+                c.inc_by(n.preemptions.saturating_sub(c.get()));
+            }
             for (c, v) in [
                 (&self.prompt_tokens, s.prompt_tokens),
                 (&self.generated_tokens, s.generated_tokens),

@@ -79,6 +79,9 @@ pub struct Exposure {
     /// What the answer cost at its model's configured prices (models served elsewhere).
     #[serde(default)]
     pub cost: Option<f64>,
+    /// The priority class the request ran in (`None`: recorded before classes existed).
+    #[serde(default)]
+    pub service_tier: Option<abserve_protocol::Class>,
 }
 
 /// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
@@ -284,14 +287,15 @@ impl Store {
     }
 
     pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
-        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
         let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         let prompt = x.prompt_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         on_pool!(self, p => sqlx::query(q)
             .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
             .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
             .bind(x.constrained).bind(x.grammar_complete).bind(prompt).bind(x.cost)
+            .bind(x.service_tier.map(|c| c.as_str()))
             .execute(p).await?.rows_affected());
         Ok(())
     }
@@ -303,7 +307,7 @@ impl Store {
         experiment: &str,
         limit: u32,
     ) -> Result<Vec<RecordedExposure>, StoreError> {
-        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost FROM exposures
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier FROM exposures
                  WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
         type Row = (
             f64,
@@ -318,6 +322,7 @@ impl Store {
             Option<bool>,
             Option<i64>,
             Option<f64>,
+            Option<String>,
         );
         let rows: Vec<Row> = on_pool!(self, p => sqlx::query_as(q).bind(experiment).bind(limit as i64).fetch_all(p).await?);
         Ok(rows
@@ -336,6 +341,7 @@ impl Store {
                     grammar_complete,
                     prompt,
                     cost,
+                    tier,
                 )| {
                     RecordedExposure {
                         at,
@@ -351,6 +357,9 @@ impl Store {
                             grammar_complete,
                             prompt_tokens: prompt.map(|t| t.max(0) as u64),
                             cost,
+                            service_tier: tier.and_then(|t| {
+                                abserve_protocol::Class::from_tier(&t).ok().flatten()
+                            }),
                         },
                     }
                 },

@@ -32,6 +32,7 @@ fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
         grammar_complete: None,
         prompt_tokens: None,
         cost: None,
+        service_tier: None,
     }
 }
 
@@ -105,6 +106,7 @@ async fn constrained_answers_give_each_variant_its_share_finished_inside_the_gra
         if i % 2 == 0 {
             x.constrained = true;
             x.grammar_complete = Some(i != 6);
+            x.service_tier = Some(abserve_protocol::Class::Batch);
         }
         s.record_exposure("aa", &x).await.unwrap();
     }
@@ -124,13 +126,18 @@ async fn constrained_answers_give_each_variant_its_share_finished_inside_the_gra
         (one.exposure.constrained, one.exposure.grammar_complete),
         (false, None)
     );
+    // the class each ran in, read back (issue 44)
+    assert_eq!(
+        (six.exposure.service_tier, one.exposure.service_tier),
+        (Some(abserve_protocol::Class::Batch), None)
+    );
 }
 
 async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fresh) {
     let e = exp();
     {
         let s = f.store().await;
-        assert_eq!(s.schema_version().await.unwrap(), 5);
+        assert_eq!(s.schema_version().await.unwrap(), 6);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
         assert_eq!(
@@ -201,6 +208,7 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
         grammar_complete: None,
         prompt_tokens: None,
         cost: None,
+        service_tier: None,
     };
     s.record_exposure("aa", &forced).await.unwrap();
     s.record_events(
@@ -417,7 +425,7 @@ async fn a_store_from_before_sqlx_keeps_its_rows() {
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
-    assert_eq!(s.schema_version().await.unwrap(), 5);
+    assert_eq!(s.schema_version().await.unwrap(), 6);
     f.drop().await;
 }
 

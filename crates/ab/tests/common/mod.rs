@@ -60,6 +60,7 @@ pub fn exposure(unit: &str, variant: &str) -> abserve_ab::Exposure {
         grammar_complete: None,
         prompt_tokens: None,
         cost: None,
+        service_tier: None,
     }
 }
 

@@ -28,7 +28,7 @@ use abserve_protocol::{ChatMessage, Sampling, Structure, Tool};
 use crate::adapters::{adapter_set, AdapterBudget, AdapterLease, AdapterSet};
 use crate::chat::ChatTemplateError;
 use crate::grammar::{Constraint, Grammars};
-use crate::request::{Request, SubmitError};
+use crate::request::{Placement, Request, SubmitError};
 use crate::sampler::SamplingParams;
 use crate::tools::{ToolFormat, ToolUse};
 
@@ -142,16 +142,19 @@ pub struct Prepared {
 impl Prepared {
     /// An engine request for this prompt (no fairness group).
     pub fn request(mut self) -> Request {
-        self.take_request(None, None)
+        self.take_request(Placement::default())
     }
 
-    /// The engine request for this prompt in fairness group `group` with its KV share: the one
-    /// place a [`Request`] is made from a prepared prompt. The grammar and the adapters' lease
-    /// move to the request (the answer needs only the tokens and the tools); the rest is copied.
-    pub fn take_request(&mut self, group: Option<String>, kv_share: Option<f64>) -> Request {
+    /// The engine request for this prompt placed by `at` (its experiment's fairness group and
+    /// KV share, its class): the one place a [`Request`] is made from a prepared prompt. The
+    /// grammar and the adapters' lease move to the request (the answer needs only the tokens
+    /// and the tools); the rest is copied.
+    pub fn take_request(&mut self, at: Placement) -> Request {
         Request {
-            group,
-            kv_share,
+            group: at.group,
+            kv_share: at.kv_share,
+            class: at.class,
+            priority: at.priority,
             constraint: self.constraint.take(),
             adapters: self.adapters.clone(),
             lease: std::mem::take(&mut self.lease),

@@ -5,8 +5,10 @@
 //! sequence): a cached slot is taken in place; a stored prefix is restored into a free slot; a
 //! running sequence's stream is copied.
 //!
-//! Order: readiness probes first; then, among requests that arrived within `fair_window` of the
-//! oldest eligible one, a seeded random pick (the variants of a fan-out do not go in loop order).
+//! Order: readiness probes first; then the most urgent class and `priority` (`classes.rs`:
+//! with no slot free, such a request preempts a less urgent one); then, among requests that
+//! arrived within `fair_window` of the oldest eligible one, a seeded random pick (the variants
+//! of a fan-out do not go in loop order).
 //! A request whose longest reusable prefix is still being computed by a running sequence is
 //! deferred until that sequence has computed it (it then copies it instead of computing it
 //! again) — and keeps its claim on a slot meanwhile, so the variants whose prefixes are ready
@@ -38,6 +40,15 @@ pub(super) enum Source {
     Running { id: u64, ready: bool },
 }
 
+/// Whether a candidate's cells can be had ([`Scheduler::cells_for`]).
+enum Room {
+    Fits,
+    /// Something gave way: look again.
+    Retry,
+    /// Not now: admission stops for this step.
+    Wait,
+}
+
 impl Scheduler {
     /// Queues requests that are admitted together or not at all (see `admission.rs`). A group
     /// larger than the slots can never run at once: its members queue as plain requests (they
@@ -56,16 +67,22 @@ impl Scheduler {
         }
     }
 
-    /// Index in `waiting` of the next request to admit: priority first, then a random pick among
-    /// the eligible ones that arrived within `fair_window` of the oldest eligible one.
+    /// Index in `waiting` of the next request to admit: probes first, then among the eligible
+    /// ones of the most urgent class and `priority` (`classes.rs`), a random pick among those
+    /// that arrived within `fair_window` of the oldest.
     fn next_candidate(&mut self, deferred: &HashSet<u64>) -> Option<usize> {
-        if let Some(i) = self.waiting.iter().position(|s| s.priority) {
+        if let Some(i) = self.waiting.iter().position(|s| s.probe) {
             return Some(i);
         }
         let eligible: Vec<usize> = (0..self.waiting.len())
             .filter(|&i| {
                 !deferred.contains(&self.waiting[i].id) && !self.over_quota(&self.waiting[i])
             })
+            .collect();
+        let most = eligible.iter().map(|&i| self.waiting[i].urgency()).min()?;
+        let eligible: Vec<usize> = eligible
+            .into_iter()
+            .filter(|&i| self.waiting[i].urgency() == most)
             .collect();
         let oldest = eligible.iter().map(|&i| self.waiting[i].arrived).min()?;
         let window: Vec<usize> = eligible
@@ -85,7 +102,7 @@ impl Scheduler {
     }
 
     /// Would admitting `s` take its group beyond its KV share? A group may always run one.
-    fn over_quota(&self, s: &Seq) -> bool {
+    pub(super) fn over_quota(&self, s: &Seq) -> bool {
         let (Some(share), Some(group)) = (s.kv_share, s.group.as_deref()) else {
             return false;
         };
@@ -174,6 +191,10 @@ impl Scheduler {
             // a deferred request keeps its claim on a slot: later requests of a variant whose
             // prefix happens to be ready first must not take every slot (fairness)
             if self.slots.len() + self.cache.len() <= deferred.len() - lane_waits {
+                // no slot for anyone: a more urgent request takes a less urgent one's
+                if self.bump_for_waiting(be, &deferred) {
+                    continue;
+                }
                 break;
             }
             // None: every waiting request is deferred or belongs to a group at its KV quota
@@ -188,6 +209,10 @@ impl Scheduler {
                     }
                 }
                 if self.admit_gang(be, gang, deferred.len()) {
+                    continue;
+                }
+                let short = self.gang_shortfall(gang, deferred.len());
+                if self.bump_for_gang(be, gang, short) {
                     continue;
                 }
                 // the gang waits whole, and nothing behind it takes the slots it waits for
@@ -206,35 +231,22 @@ impl Scheduler {
                 None
             };
             if let Some((Source::Running { ready: false, .. }, _)) = source {
-                if !cand.priority {
+                if !cand.probe {
                     // another running sequence is computing this prefix: take it when it is done
                     deferred.insert(cand.id);
                     continue;
                 }
             }
-            if let (Some(target), false) = (self.cfg.max_itl, cand.priority) {
+            if let (Some(target), false) = (self.cfg.max_itl, cand.probe) {
                 if !self.steps.allows_one_more(self.running.len(), target) {
                     itl_held = self.waiting.len();
                     break;
                 }
             }
-            let shared = source.map_or(0, |(_, l)| l);
-            if self.cfg.is_unified() {
-                let need = cand.tokens.len() - shared;
-                let watermark = self.running.len();
-                if self.demand() + need + watermark > self.cfg.kv_cells {
-                    // cached prefixes give way first: the others, then the one this request would use
-                    let keep = match source {
-                        Some((Source::Cached { id }, _)) => Some(id),
-                        _ => None,
-                    };
-                    if self.evict_lru(be, keep) || self.evict_lru(be, None) {
-                        continue;
-                    }
-                    if self.cfg.admission_control && !self.running.is_empty() {
-                        break;
-                    }
-                }
+            match self.cells_for(be, i, source) {
+                Room::Fits => {}
+                Room::Retry => continue,
+                Room::Wait => break,
             }
             let s = self.waiting.swap_remove(i);
             let Some(a) = self.place(be, s, source) else {
@@ -245,6 +257,40 @@ impl Scheduler {
         self.stats
             .itl_held
             .store(itl_held as u64, Ordering::Relaxed);
+    }
+
+    /// Whether waiting request `i`, given `source`'s prefix, fits the unified cache's cells now
+    /// (split streams: always): cached prefixes give way first — the others, then the one it
+    /// would use — then a less urgent running sequence (`classes.rs`); else it waits.
+    fn cells_for<C: Compute>(
+        &mut self,
+        be: &mut C,
+        i: usize,
+        source: Option<(Source, usize)>,
+    ) -> Room {
+        if !self.cfg.is_unified() {
+            return Room::Fits;
+        }
+        let need = self.waiting[i].tokens.len() - source.map_or(0, |(_, l)| l);
+        let watermark = self.running.len();
+        if self.demand() + need + watermark <= self.cfg.kv_cells {
+            return Room::Fits;
+        }
+        let keep = match source {
+            Some((Source::Cached { id }, _)) => Some(id),
+            _ => None,
+        };
+        if self.evict_lru(be, keep) || self.evict_lru(be, None) {
+            return Room::Retry;
+        }
+        let urgency = Some(self.waiting[i].urgency());
+        if self.cfg.admission_control && self.bump_for(be, urgency) {
+            return Room::Retry;
+        }
+        if self.cfg.admission_control && !self.running.is_empty() {
+            return Room::Wait;
+        }
+        Room::Fits
     }
 
     /// A placed sequence starts running; the first time, it is told it was admitted.
@@ -275,13 +321,7 @@ impl Scheduler {
             .filter(|s| s.gang == Some(gang))
             .map(|s| s.id)
             .collect();
-        let obtainable = self.slots.len()
-            + self
-                .cache
-                .iter()
-                .filter(|c| !self.pinned.contains(&c.slot))
-                .count();
-        if obtainable < members.len() + claimed {
+        if self.gang_shortfall(gang, claimed) > 0 {
             return false;
         }
         if self.cfg.is_unified() {
@@ -329,6 +369,19 @@ impl Scheduler {
             self.start(a);
         }
         true
+    }
+
+    /// Slots `gang` lacks: its waiting members plus the `claimed` slots of deferred requests,
+    /// less the slots free or held by cached prefixes that can be given up.
+    pub(super) fn gang_shortfall(&self, gang: u64, claimed: usize) -> usize {
+        let members = self.waiting.iter().filter(|s| s.gang == Some(gang)).count();
+        let obtainable = self.slots.len()
+            + self
+                .cache
+                .iter()
+                .filter(|c| !self.pinned.contains(&c.slot))
+                .count();
+        (members + claimed).saturating_sub(obtainable)
     }
 
     /// Gives `s` a slot and the KV of its reusable prefix. A cached slot is taken in place (cut
@@ -438,6 +491,7 @@ impl Scheduler {
             }
         };
         be.share_prefix(donor.0, slot, len);
+        self.landing.push(slot);
         let cells = match donor.1 {
             Some(cells) if self.cfg.is_unified() => {
                 self.cells.retain(&cells);
@@ -492,73 +546,5 @@ impl Scheduler {
             n_past: 0,
             cells: Vec::new(),
         })
-    }
-
-    /// Would a sequence in `slot` decode in a micro-batch with running ones? llama.cpp's split
-    /// streams batch only consecutive sequence ids together: each separate run of ids is one
-    /// more graph evaluation per step (~10 ms on 2 cores for this model, measured).
-    fn joins_a_run(&self, slot: i32) -> bool {
-        self.running.is_empty() || self.next_to_running(slot)
-    }
-
-    /// A slot for a new sequence of adapter set `set`. Split streams: with adapter lanes, one
-    /// in the best lane for `set` first (`lane_rank`); then a slot next to a running one if
-    /// there is one, else the lowest, among the free slots and the cached ones (so running
-    /// sequences stay in one run of consecutive ids); a cached prefix there is dropped unless
-    /// it is `keep` or a pending copy's source, and — without a host store, which keeps
-    /// finished prefixes — unless another cached slot or a running sequence holds it too.
-    /// Unified: the lowest free slot. Either way, when no slot is free the least valuable
-    /// cached prefix gives its slot up.
-    fn take_slot<C: Compute>(&mut self, be: &mut C, keep: Option<u64>, set: u32) -> Option<i32> {
-        if !self.cfg.is_unified() {
-            let best = self.open_slots(keep).into_iter().min_by_key(|&(slot, _)| {
-                (self.lane_rank(slot, set), !self.next_to_running(slot), slot)
-            });
-            if let Some((slot, entry)) = best {
-                if let Some(i) = entry {
-                    let c = self.cache.swap_remove(i);
-                    self.drop_cached(be, c);
-                }
-                let taken = self.slots.take(slot);
-                debug_assert!(taken, "a free or just dropped slot");
-                return Some(slot);
-            }
-        }
-        if let Some(slot) = self.slots.take_lowest() {
-            return Some(slot);
-        }
-        if !self.evict_lru(be, keep) {
-            return None;
-        }
-        self.slots.take_lowest()
-    }
-
-    /// Slots a new sequence may take (split streams): the free ones, and the cached ones whose
-    /// prefix may be dropped (not `keep`, not a pending copy's source, and — without a host
-    /// store — held elsewhere too), each with its index in the cache.
-    pub(super) fn open_slots(&self, keep: Option<u64>) -> Vec<(i32, Option<usize>)> {
-        let droppable = (0..self.cache.len()).filter(|&i| {
-            let c = &self.cache[i];
-            Some(c.id) != keep
-                && !self.pinned.contains(&c.slot)
-                && (self.store.enabled() || self.held_elsewhere(i))
-        });
-        let cached = droppable.map(|i| (self.cache[i].slot, Some(i)));
-        self.slots.iter().map(|s| (s, None)).chain(cached).collect()
-    }
-
-    fn next_to_running(&self, slot: i32) -> bool {
-        self.running.iter().any(|r| (r.slot - slot).abs() == 1)
-    }
-
-    /// Is the prefix of cache entry `i` also in the host store, another cached slot or a
-    /// running sequence (so dropping this copy loses nothing)?
-    fn held_elsewhere(&self, i: usize) -> bool {
-        let c = &self.cache[i];
-        self.store
-            .entries
-            .iter()
-            .any(|e| e.set == c.set && e.tokens.starts_with(&c.tokens))
-            || self.unique_positions(i) == 0
     }
 }

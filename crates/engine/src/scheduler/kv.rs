@@ -145,14 +145,15 @@ impl PrefixStore {
             .max()
             .unwrap_or(0)
     }
-    /// Adds an entry, dropping entries it extends and then the least recently used until it
+    /// Adds an entry, dropping entries it extends or that have its id (a preempted sequence
+    /// stored before), and then the least recently used until it
     /// fits. An entry larger than the whole store is not kept.
     pub fn insert(&mut self, e: Stored) {
         if e.bytes > self.cap {
             return;
         }
         self.entries
-            .retain(|o| !(o.set == e.set && e.tokens.starts_with(&o.tokens)));
+            .retain(|o| o.id != e.id && !(o.set == e.set && e.tokens.starts_with(&o.tokens)));
         self.bytes = self.entries.iter().map(|o| o.bytes).sum();
         while self.bytes + e.bytes > self.cap {
             let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else {

@@ -67,9 +67,7 @@ impl Scheduler {
     /// there is, so a set without a lane of its own still runs); nor does a readiness probe.
     pub(super) fn waits_for_lane(&self, s: &Seq) -> bool {
         let set = s.adapters;
-        if self.lanes.count() == 1
-            || s.priority
-            || !self.running.iter().any(|a| a.seq.adapters == set)
+        if self.lanes.count() == 1 || s.probe || !self.running.iter().any(|a| a.seq.adapters == set)
         {
             return false;
         }

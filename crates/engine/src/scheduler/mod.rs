@@ -20,11 +20,13 @@
 mod abort;
 mod admission;
 mod batch;
+mod classes;
 mod itl;
 mod kv;
 mod lane_steps;
 mod sample;
 mod seq;
+mod slots;
 mod stats;
 mod step;
 
@@ -41,10 +43,10 @@ use crate::request::{EventSender, Request};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
-use kv::{Cached, CellTable, PrefixStore, SlotPool, Stored};
+use kv::{Cached, CellTable, PrefixStore, SlotPool};
 use seq::{Active, Seq};
 pub(crate) use stats::InFlight;
-pub use stats::{EngineStats, SetCounts, StatsSnapshot};
+pub use stats::{ClassCounts, EngineStats, SetCounts, StatsSnapshot};
 
 /// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
 /// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
@@ -176,6 +178,8 @@ pub struct Scheduler {
     /// Cached slots that are the source of a stream copy not yet landed (llama.cpp copies
     /// streams at the next decode): nothing may be restored into them until then.
     pinned: Vec<i32>,
+    /// Slots given a prefix copy not yet landed (its destinations): not preempted until then.
+    landing: Vec<i32>,
     /// Group submissions so far (the last gang id).
     gangs: u64,
     /// Adapter sets seen, by id (`step.rs`); 0 is the base model.
@@ -220,6 +224,7 @@ impl Scheduler {
             clock: 0,
             steps: itl::StepModel::default(),
             pinned: Vec::new(),
+            landing: Vec::new(),
             gangs: 0,
             sets: vec![AdapterSet::default()],
             turn: vec![(0, 0); lanes.count()],
@@ -271,7 +276,7 @@ impl Scheduler {
     /// Queues a request with a place of its own, for callers (tests) that bypass the handle,
     /// which takes the place when a request is submitted.
     pub fn enqueue_counted(&mut self, req: Request, tx: EventSender) {
-        let (_, mut permit) = InFlight::take(&self.stats, 1);
+        let (_, mut permit) = InFlight::take(&self.stats, 1, req.class);
         self.enqueue(req, tx, permit.remove(0));
     }
 
@@ -290,11 +295,14 @@ impl Scheduler {
             tx,
             group: req.group,
             kv_share: req.kv_share,
+            probe: req.probe,
+            class: req.class,
             priority: req.priority,
             arrived: Instant::now(),
             admitted: None,
             first_token: None,
             preemptions: 0,
+            bumped: 0,
             shared_prompt_tokens: 0,
             gang: None,
             constraint: req.constraint,
@@ -348,6 +356,7 @@ impl Scheduler {
         self.stats
             .waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);
+        self.publish_classes();
     }
 
     fn reap_cancelled<C: Compute>(&mut self, be: &mut C) {
@@ -400,23 +409,8 @@ impl Scheduler {
             .shared_prompt_tokens
             .max(a.seq.n_prompt / 2)
             .max(self.cfg.min_shared_prefix);
-        if self.store.enabled() && self.store.best_common(a.seq.adapters, &tokens) < covered {
-            if let Some((snap, bytes)) = be.save_seq(a.slot) {
-                self.store.insert(Stored {
-                    id: a.seq.id,
-                    set: a.seq.adapters,
-                    tokens: tokens.clone(),
-                    snap,
-                    bytes,
-                    last_used: self.clock,
-                });
-                self.stats
-                    .prefix_store_bytes
-                    .store(self.store.bytes as u64, Ordering::Relaxed);
-                self.stats
-                    .prefix_store_entries
-                    .store(self.store.entries.len() as u64, Ordering::Relaxed);
-            }
+        if self.store.best_common(a.seq.adapters, &tokens) < covered {
+            self.save_to_store(be, a.slot, a.seq.id, a.seq.adapters, tokens.clone());
         }
         self.cache.push(Cached {
             id: a.seq.id,
@@ -521,12 +515,11 @@ impl Scheduler {
         }
     }
 
+    /// Preempts for memory: the least urgent running sequence, the newest among equals (never a
+    /// readiness probe while anything else can go).
     fn preempt_newest<C: Compute>(&mut self, be: &mut C) {
-        // never preempt a readiness probe while anything else can go
         let idx = self
-            .running
-            .iter()
-            .rposition(|a| !a.seq.priority)
+            .least_urgent(|_| true)
             .unwrap_or(self.running.len() - 1);
         self.preempt_at(be, idx);
     }
@@ -536,6 +529,10 @@ impl Scheduler {
         let mut s = self.release(be, a);
         s.preemptions += 1;
         self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .class(s.class)
+            .preemptions
+            .fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             seq = s.id,
             tokens = s.tokens.len(),

@@ -5,14 +5,15 @@
 //!
 //! waiting (`Seq`) → prefilling (`Active`, more than one token to compute) → decoding (`Active`,
 //! one token to compute) → finished (a `Completion`; its KV may stay as a cached prefix) — or
-//! back to waiting when preempted (unified KV only) and recomputed on readmission.
+//! back to waiting when preempted (memory, in a unified cache; or a more urgent class, `classes.rs`)
+//! and restored from the prefix store or recomputed on readmission.
 
 use std::time::Instant;
 
 use super::InFlight;
 use crate::adapters::AdapterLease;
 use crate::grammar::Constraint;
-use crate::request::EventSender;
+use crate::request::{Class, EventSender};
 use crate::sampler::Sampler;
 use crate::text::TextStream;
 
@@ -28,11 +29,18 @@ pub(super) struct Seq {
     pub tx: EventSender,
     pub group: Option<String>,
     pub kv_share: Option<f64>,
-    pub priority: bool,
+    /// A readiness probe: admitted first, never preempted.
+    pub probe: bool,
+    pub class: Class,
+    /// Order within the class (vLLM's `priority`: lower first).
+    pub priority: i32,
     pub arrived: Instant,
     pub admitted: Option<Instant>,
     pub first_token: Option<Instant>,
     pub preemptions: u32,
+    /// Of those, the times a more urgent request took its slot (`classes.rs`): at
+    /// `classes::MAX_BUMPS` it is not preempted for one again.
+    pub bumped: u32,
     /// Prompt tokens whose KV came from elsewhere at first admission.
     pub shared_prompt_tokens: usize,
     /// Members of one group submission (`Engine::submit_group`: a fan-out, `n` choices, a
@@ -71,10 +79,18 @@ impl Seq {
     pub fn own_tail(&self) -> usize {
         1 + self.unemitted
     }
+    /// Its place in the admission order, most urgent least: probes, then class, then
+    /// `priority` (arrival breaks ties: `admission.rs`).
+    pub fn urgency(&self) -> Urgency {
+        (!self.probe, self.class, self.priority)
+    }
     pub fn uses_prompt_cache(&self) -> bool {
         self.sampler.params().uses_prompt_cache()
     }
 }
+
+/// A sequence's place in the admission order: smaller goes first ([`Seq::urgency`]).
+pub(super) type Urgency = (bool, Class, i32);
 
 /// Where a running sequence is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

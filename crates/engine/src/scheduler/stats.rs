@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::grammar::GrammarStats;
+use crate::request::Class;
 
 #[derive(Debug, Default)]
 pub struct EngineStats {
@@ -63,10 +64,32 @@ pub struct EngineStats {
     pub(crate) constrained_running: AtomicU64,
     /// Bytes of those matchers' lexer tables (`Constraint::bytes`).
     pub(crate) matcher_bytes: AtomicU64,
+    /// Per priority class, in [`Class::ALL`] order.
+    pub(crate) classes: [PerClass; 3],
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
     /// Finished requests per adapter set (its label), at most [`MAX_SET_LABELS`] sets.
     sets: Mutex<HashMap<String, SetCounts>>,
+}
+
+/// The live counters of one priority class.
+#[derive(Debug, Default)]
+pub(crate) struct PerClass {
+    pub(crate) waiting: AtomicU64,
+    pub(crate) running: AtomicU64,
+    /// Its sequences preempted (for a more urgent class or, in a unified cache, for memory).
+    pub(crate) preemptions: AtomicU64,
+    /// Its requests submitted and not yet finished (see [`InFlight`]).
+    inflight: AtomicU64,
+}
+
+/// One priority class's counters at one moment.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, PartialEq, Eq)]
+pub struct ClassCounts {
+    pub waiting: u64,
+    pub running: u64,
+    pub preemptions: u64,
+    pub inflight: u64,
 }
 
 /// Sets counted by name; the rest are counted as `other` (a client chooses scales, so the
@@ -126,7 +149,18 @@ impl EngineStats {
             forced_tokens: l(&self.forced_tokens),
             constrained_running: l(&self.constrained_running),
             matcher_bytes: l(&self.matcher_bytes),
+            classes: self.classes.each_ref().map(|c| ClassCounts {
+                waiting: l(&c.waiting),
+                running: l(&c.running),
+                preemptions: l(&c.preemptions),
+                inflight: l(&c.inflight),
+            }),
         }
+    }
+
+    /// The counters of `class`.
+    pub(crate) fn class(&self, class: Class) -> &PerClass {
+        &self.classes[class.index()]
     }
 
     /// Cells held per group (experiment) now and at peak, sorted by name.
@@ -211,6 +245,8 @@ pub struct StatsSnapshot {
     pub forced_tokens: u64,
     pub constrained_running: u64,
     pub matcher_bytes: u64,
+    /// Per priority class, in [`Class::ALL`] order.
+    pub classes: [ClassCounts; 3],
 }
 
 /// One request's place among the engine's slots + queue: counted in `inflight` from the moment
@@ -218,25 +254,39 @@ pub struct StatsSnapshot {
 /// holds it (finished, failed, cancelled, aborted), or with the command that never reached the
 /// engine thread. The count has this one owner, so no path can forget a place or give it back
 /// twice. The default permit holds no place.
+/// Each place is counted in its class too, so that the queue bound can be applied per class.
 #[derive(Default)]
-pub(crate) struct InFlight(Option<Arc<EngineStats>>);
+pub(crate) struct InFlight(Option<(Arc<EngineStats>, Class)>);
 
 impl InFlight {
-    /// `n` places at once, with the count before them (the caller decides whether they fit; a
-    /// refused request drops its permits).
-    pub(crate) fn take(stats: &Arc<EngineStats>, n: usize) -> (usize, Vec<InFlight>) {
-        let before = stats.inflight.fetch_add(n as u64, Ordering::SeqCst) as usize;
+    /// `n` places of `class` at once, with the places of `class` and the more urgent classes
+    /// before them (the caller decides whether they fit; a refused request drops its permits).
+    /// Less urgent work is not counted: a more urgent request takes its slot when none is free.
+    pub(crate) fn take(stats: &Arc<EngineStats>, n: usize, class: Class) -> (usize, Vec<InFlight>) {
+        stats.inflight.fetch_add(n as u64, Ordering::SeqCst);
+        stats
+            .class(class)
+            .inflight
+            .fetch_add(n as u64, Ordering::SeqCst);
+        let before: u64 = Class::ALL
+            .iter()
+            .filter(|&&c| c <= class)
+            .map(|&c| stats.class(c).inflight.load(Ordering::SeqCst))
+            .sum();
         (
-            before,
-            (0..n).map(|_| InFlight(Some(stats.clone()))).collect(),
+            before as usize - n,
+            (0..n)
+                .map(|_| InFlight(Some((stats.clone(), class))))
+                .collect(),
         )
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(stats) = self.0.take() {
+        if let Some((stats, class)) = self.0.take() {
             stats.inflight.fetch_sub(1, Ordering::SeqCst);
+            stats.class(class).inflight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -238,6 +238,7 @@ impl Scheduler {
             let decoded = be.decode();
             // llama.cpp applied pending stream copies at the start of that call
             self.pinned.clear();
+            self.landing.clear();
             match decoded {
                 Ok(true) => return Ok(plan),
                 Ok(false) if self.evict_lru(be, None) => continue,

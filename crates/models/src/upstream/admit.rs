@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use abserve_engine::{Event, GenerationError};
+use abserve_engine::{Class, Event, GenerationError};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -78,6 +78,7 @@ pub(crate) async fn run_group(
     jobs: Vec<JobParts>,
     txs: Vec<UnboundedSender<Event>>,
     waiting: Waiting,
+    class: Class,
 ) {
     let queued = Instant::now();
     let all_gone = async {
@@ -88,7 +89,7 @@ pub(crate) async fn run_group(
     let admit = async {
         let (costs, max_tokens) = costs(&sh, &jobs).await?;
         let affinity = jobs.first().and_then(|j| j.4);
-        match sh.pool.take(&costs, affinity).await {
+        match sh.pool.take(&costs, affinity, class).await {
             Ok(r) => Ok((r, max_tokens)),
             Err(pool::Refusal::AllOpen) => Err(GenerationError::Upstream {
                 status: 503,

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abserve_engine::{Completion, Event, GenerationError};
+use abserve_engine::{Class, Completion, Event, GenerationError};
 use abserve_protocol::{SseDecoder, SseEvent};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
@@ -433,12 +433,13 @@ pub(crate) async fn probe(sh: &Arc<Shared>) -> Result<(), String> {
     // the probe takes its room like any request, so it never pushes an upstream past its slots;
     // an upstream with no room for it is busy answering abserve's own requests
     let wait = first.min(Duration::from_secs(5));
-    let reservations = match tokio::time::timeout(wait, sh.pool.take(&[cost], None)).await {
-        Err(_) if sh.running.load(Ordering::SeqCst) > 0 => return Ok(()),
-        Err(_) => return Err(format!("no room at '{id}' for a probe within {wait:?}")),
-        Ok(Err(_)) => return Err("every URL's circuit breaker is open".into()),
-        Ok(Ok(r)) => r,
-    };
+    let reservations =
+        match tokio::time::timeout(wait, sh.pool.take(&[cost], None, Class::Interactive)).await {
+            Err(_) if sh.running.load(Ordering::SeqCst) > 0 => return Ok(()),
+            Err(_) => return Err(format!("no room at '{id}' for a probe within {wait:?}")),
+            Ok(Err(_)) => return Err("every URL's circuit breaker is open".into()),
+            Ok(Ok(r)) => r,
+        };
     let replica = &sh.pool.replicas[reservations[0].replica];
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut relay = Relay::new(&tx, Instant::now());

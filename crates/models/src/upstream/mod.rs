@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use abserve_engine::prepare::{sampling_params, Input, Options, PrepareError};
 use abserve_engine::tools::{tool_use, ToolFormat};
-use abserve_engine::{ChatMessage, Event, StatsSnapshot, SubmitError};
+use abserve_engine::{ChatMessage, Event, Placement, StatsSnapshot, SubmitError};
 use abserve_protocol::{Sampling, Structure};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
@@ -448,8 +448,7 @@ impl Model for Upstream {
     fn submit(
         &self,
         seqs: Vec<Prepared>,
-        _group: Option<String>,
-        _kv_share: Option<f64>,
+        at: Placement,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         let sh = &self.shared;
         let cap = self.capacity();
@@ -493,7 +492,7 @@ impl Model for Upstream {
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..seqs.len()).map(|_| unbounded_channel()).unzip();
         sh.waiting.fetch_add(seqs.len(), Ordering::SeqCst);
         let guard = admit::Waiting(sh.clone(), seqs.len());
-        tokio::spawn(admit::run_group(sh.clone(), jobs, txs, guard));
+        tokio::spawn(admit::run_group(sh.clone(), jobs, txs, guard, at.class));
         Ok(rxs)
     }
 }

@@ -5,14 +5,17 @@
 //!
 //! Invariants: on every replica, the reservations alive never exceed its sequence slots nor its
 //! token capacity (a reservation is taken under the pool's lock, all of a group's on one replica
-//! or none, and given back when dropped); a waiter is served before any later one (one turn at
-//! a time: the head of the queue holds the turn while it waits for room); a cost larger than a
+//! or none, and given back when dropped); a waiter is served before any later one of its
+//! priority class and any of a less urgent class (one turn at a time: the head of the queue
+//! holds the turn while it waits for room, and gives it up while a more urgent group waits — an
+//! upstream's requests cannot be preempted, so a class only orders the queue); a cost larger than a
 //! replica's capacity is refused by the caller before it waits (`Pool::fits`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use abserve_engine::Class;
 use tokio::sync::Notify;
 
 use super::breaker::Breaker;
@@ -99,6 +102,27 @@ pub struct Pool {
     series: Option<Arc<Series>>,
     changed: Notify,
     turn: tokio::sync::Mutex<()>,
+    /// Groups waiting for room, per priority class (in `Class::ALL` order).
+    queued: [AtomicUsize; 3],
+}
+
+/// A group's place among the waiting of its class, for as long as it waits.
+struct Queued<'a>(&'a Pool, Class);
+
+impl<'a> Queued<'a> {
+    fn new(pool: &'a Pool, class: Class) -> Self {
+        pool.queued[class.index()].fetch_add(1, Ordering::SeqCst);
+        // the head may be a less urgent group waiting for room: it gives the turn up now
+        pool.changed.notify_waiters();
+        Queued(pool, class)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued[self.1.index()].fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
 }
 
 impl Pool {
@@ -108,6 +132,7 @@ impl Pool {
             series,
             changed: Notify::new(),
             turn: tokio::sync::Mutex::new(()),
+            queued: Default::default(),
         })
     }
 
@@ -146,28 +171,47 @@ impl Pool {
         self.changed.notify_waiters();
     }
 
-    /// Room for every cost of a group on one replica, waiting in arrival order until there is;
-    /// `affinity` (a hash of the variant's prompt prefix) prefers one replica (see `pick`).
-    /// Cancelled by dropping the future.
+    /// Whether a group of a more urgent class than `class` waits.
+    fn more_urgent_waits(&self, class: Class) -> bool {
+        Class::ALL
+            .iter()
+            .take_while(|&&c| c < class)
+            .any(|c| self.queued[c.index()].load(Ordering::SeqCst) > 0)
+    }
+
+    /// Room for every cost of a group on one replica, waiting in class order and, within a
+    /// class, in arrival order until there is; `affinity` (a hash of the variant's prompt
+    /// prefix) prefers one replica (see `pick`). Cancelled by dropping the future.
     pub async fn take(
         self: &Arc<Self>,
         costs: &[usize],
         affinity: Option<u64>,
+        class: Class,
     ) -> Result<Vec<Reservation>, Refusal> {
-        let _turn = self.turn.lock().await;
+        let _queued = Queued::new(self, class);
         loop {
+            let turn = self.turn.lock().await;
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.more_urgent_waits(class) {
+                    break;
+                }
+                let now = Instant::now();
+                if self.replicas.iter().all(|r| !r.breaker.admits(now)) {
+                    return Err(Refusal::AllOpen);
+                }
+                if let Some(i) = self.pick(costs, affinity, now) {
+                    return Ok(self.reserve(i, costs));
+                }
+                // saturation and breakers change without a release: look again now and then
+                let _ = tokio::time::timeout(Duration::from_millis(250), changed).await;
+            }
+            // a more urgent group waits: it takes the turn, this one queues for it again
+            drop(turn);
             let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let now = Instant::now();
-            if self.replicas.iter().all(|r| !r.breaker.admits(now)) {
-                return Err(Refusal::AllOpen);
-            }
-            if let Some(i) = self.pick(costs, affinity, now) {
-                return Ok(self.reserve(i, costs));
-            }
-            // saturation and breakers change without a release: look again now and then
-            let _ = tokio::time::timeout(Duration::from_millis(250), changed).await;
+            let _ = tokio::time::timeout(Duration::from_millis(50), changed).await;
         }
     }
 
@@ -275,11 +319,18 @@ mod tests {
         assert!(p.fits(&[512, 512, 512, 512]));
         assert!(!p.fits(&[513]));
         assert!(!p.fits(&[100; 5]));
-        let a = p.take(&[500, 500, 500], None).await.unwrap();
+        let a = p
+            .take(&[500, 500, 500], None, Class::Interactive)
+            .await
+            .unwrap();
         assert_eq!(p.replicas[0].in_flight(), (3, 1500));
         // two more do not fit next to three (4 slots): it waits until one ends
         let p2 = p.clone();
-        let waiter = tokio::spawn(async move { p2.take(&[200, 200], None).await.map(|r| r.len()) });
+        let waiter = tokio::spawn(async move {
+            p2.take(&[200, 200], None, Class::Interactive)
+                .await
+                .map(|r| r.len())
+        });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
         drop(a);
@@ -290,13 +341,13 @@ mod tests {
     #[tokio::test]
     async fn waiters_are_served_in_arrival_order() {
         let p = pool(1, Limits { seqs: 1, ..L });
-        let first = p.take(&[10], None).await.unwrap();
+        let first = p.take(&[10], None, Class::Interactive).await.unwrap();
         let order = Arc::new(Mutex::new(vec![]));
         let mut tasks = vec![];
         for i in 0..3 {
             let (p, order) = (p.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let r = p.take(&[10], None).await.unwrap();
+                let r = p.take(&[10], None, Class::Interactive).await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(r);
@@ -311,18 +362,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_more_urgent_class_is_served_before_earlier_waiters_of_less_urgent_ones() {
+        let p = pool(1, Limits { seqs: 1, ..L });
+        let first = p.take(&[10], None, Class::Interactive).await.unwrap();
+        let order = Arc::new(Mutex::new(vec![]));
+        let mut tasks = vec![];
+        for (i, class) in [
+            Class::Batch,
+            Class::Batch,
+            Class::Fanout,
+            Class::Interactive,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (p, order) = (p.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = p.take(&[10], None, class).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(r);
+            }));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [3, 2, 0, 1]);
+    }
+
+    #[tokio::test]
     async fn replicas_take_the_least_loaded_and_affinity_within_its_share() {
         let p = pool(2, L);
-        let a = p.take(&[300], Some(0)).await.unwrap();
+        let a = p.take(&[300], Some(0), Class::Interactive).await.unwrap();
         assert_eq!(a[0].replica, 0);
         // affinity to replica 0 holds while it is not fuller than its share
-        let b = p.take(&[300], Some(0)).await.unwrap();
+        let b = p.take(&[300], Some(0), Class::Interactive).await.unwrap();
         assert_eq!(b[0].replica, 0);
         // now replica 0 holds 600 of 600: a third goes to the emptier one
-        let c = p.take(&[300], Some(0)).await.unwrap();
+        let c = p.take(&[300], Some(0), Class::Interactive).await.unwrap();
         assert_eq!(c[0].replica, 1);
         // without affinity: the least loaded
-        let d = p.take(&[10], None).await.unwrap();
+        let d = p.take(&[10], None, Class::Interactive).await.unwrap();
         assert_eq!(d[0].replica, 1);
     }
 
@@ -336,8 +418,13 @@ mod tests {
                 context: 100,
             },
         );
-        let a = p.take(&[40], Some(0)).await.unwrap().pop().unwrap();
-        let _busy = p.take(&[10], None).await.unwrap();
+        let a = p
+            .take(&[40], Some(0), Class::Interactive)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        let _busy = p.take(&[10], None, Class::Interactive).await.unwrap();
         let b = p.elsewhere(&a).expect("the third replica is free");
         assert!(b.replica != a.replica && p.replicas[b.replica].in_flight() == (1, 40));
         // every other replica full: nowhere to go
@@ -352,7 +439,11 @@ mod tests {
         let p = pool(1, L);
         p.replicas[0].saturated.store(true, Ordering::SeqCst);
         let p2 = p.clone();
-        let waiter = tokio::spawn(async move { p2.take(&[10], None).await.map(|r| r.len()) });
+        let waiter = tokio::spawn(async move {
+            p2.take(&[10], None, Class::Interactive)
+                .await
+                .map(|r| r.len())
+        });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
         p.replicas[0].saturated.store(false, Ordering::SeqCst);
@@ -361,6 +452,9 @@ mod tests {
         for _ in 0..3 {
             p.replicas[0].breaker.failed(Instant::now());
         }
-        assert_eq!(p.take(&[10], None).await.err(), Some(Refusal::AllOpen));
+        assert_eq!(
+            p.take(&[10], None, Class::Interactive).await.err(),
+            Some(Refusal::AllOpen)
+        );
     }
 }

@@ -108,6 +108,14 @@ pub struct Common {
     /// the engine received them (non-streamed answers).
     #[serde(default, skip_serializing_if = "is_false")]
     pub return_token_ids: bool,
+    /// OpenAI's processing tier, read as the request's priority class (`Class::from_tier`):
+    /// `auto`/`default` (the route's or experiment's default), `priority`, `flex`, or abserve's
+    /// `interactive`, `fanout`, `batch`; anything else is a 400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// vLLM's extension: order within the class, lower first (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
 }
 
 impl Common {

@@ -5,6 +5,7 @@
 //! goes out).
 
 use abserve_ab::{Experiment, Status};
+use abserve_engine::Class;
 use abserve_engine::Completion;
 use abserve_statistics::assign;
 
@@ -21,6 +22,9 @@ pub struct Routed {
     /// An exposure is recorded (the unit is in a running experiment and not forced... or forced, flagged).
     pub record: bool,
     pub kv_share: Option<f64>,
+    /// The priority class the request runs in (the request's own, else the experiment's, else
+    /// the route's default: `api.rs`), recorded in its exposure.
+    pub class: Class,
 }
 
 impl ControlPlane {
@@ -51,6 +55,7 @@ impl ControlPlane {
                 forced: true,
                 record: true,
                 kv_share: e.max_kv_share,
+                class: e.service_tier.unwrap_or_default(),
             };
             return Ok((e, i, routed));
         }
@@ -77,6 +82,7 @@ impl ControlPlane {
             forced: false,
             record: assigned.is_some() && !stopped,
             kv_share: e.max_kv_share,
+            class: e.service_tier.unwrap_or_default(),
         };
         Ok((e, i, routed))
     }
@@ -103,6 +109,7 @@ impl ControlPlane {
             grammar_complete: d.and_then(|d| d.grammar.map(|g| g.complete)),
             prompt_tokens: d.map(|d| d.prompt_tokens as u64),
             cost: d.and_then(|d| d.cost),
+            service_tier: Some(routed.class),
         };
         let r = ab.record_exposure(routed.experiment.clone(), x).await;
         if let Err(e) = &r {

@@ -2,7 +2,7 @@
 //! model's queue as one group (all or none; a 429 with Retry-After when there is no room now,
 //! a 400 when there never can be), then wait for admission within the queue timeout.
 
-use abserve_engine::{Event, SubmitError};
+use abserve_engine::{Event, Placement, SubmitError};
 use abserve_models::Prepared;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -34,20 +34,19 @@ pub struct Admitted {
 /// is admitted together, in one step; this waits for that within the queue timeout (a 429
 /// after it, every receiver dropped, none of the group having run). A larger group can
 /// never run at once: it holds its places in the queue, and this waits for its first
-/// member; the rest run as slots free. Model `i` of the registry runs the group, in the
-/// experiment's fairness group with its share of the memory when `group` names one.
+/// member; the rest run as slots free. Model `i` of the registry runs the group, placed by `at`
+/// (the experiment's fairness group and share of the memory, the priority class).
 pub async fn admit_group(
     state: &AppState,
     i: usize,
     seqs: Vec<Prepared>,
-    group: Option<(String, Option<f64>)>,
+    at: Placement,
     what: GroupOf,
 ) -> Result<Vec<Admitted>, ApiError> {
     refuse_when_shutting_down(state)?;
     let model = state.models.at(i);
-    let (group, kv_share) = group.map_or((None, None), |(g, s)| (Some(g), s));
     let mut rxs = model
-        .submit(seqs, group, kv_share)
+        .submit(seqs, at)
         .map_err(|e| refused(state, e, what))?;
     let deadline = tokio::time::sleep(state.config.queue_timeout);
     tokio::pin!(deadline);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use abserve_ab::{Asked, Prompt};
 use abserve_engine::prepare::{Input, Options};
+use abserve_engine::{Class, Placement};
 use abserve_protocol::wire::{ChatRequest, Common, CompletionRequest, Model, ModelList};
 use abserve_protocol::Sampling;
 use axum::body::Bytes;
@@ -16,7 +17,7 @@ use axum::Json;
 use super::admission::{admit_group, GroupOf};
 use super::body_rules::{
     chat_logprobs, chat_messages, completion_logprobs, completion_prompts, n_choices, parse_openai,
-    PromptInput,
+    placement_of, PromptInput,
 };
 use super::request::{Kind, ValidRequest};
 use super::respond::{collect_response, now_secs, stream_response};
@@ -119,6 +120,18 @@ fn resolve(
     }
 }
 
+/// The request's priority class and `priority`: its own `service_tier` and `priority`, else its
+/// experiment's class, else interactive (the OpenAI routes' default); written into its routing,
+/// which its exposure records.
+fn classify(common: &Common, routed: &mut Option<Routed>) -> Result<(Class, i32), ApiError> {
+    let default = routed.as_ref().map_or(Class::Interactive, |r| r.class);
+    let (class, priority) = placement_of(common.service_tier.as_deref(), common.priority, default)?;
+    if let Some(r) = routed {
+        r.class = class;
+    }
+    Ok((class, priority))
+}
+
 fn chat_request(
     state: &AppState,
     body: &[u8],
@@ -133,7 +146,8 @@ fn chat_request(
         sampling,
         structure: req.common.structure.clone(),
     };
-    let (asked, model, model_index, routed) = resolve(state, &req.common, headers, asked)?;
+    let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
+    let (class, priority) = classify(&req.common, &mut routed)?;
     let Prompt::Chat(messages) = &asked.prompt else {
         return Err(ApiError::internal(
             "a variant turned a conversation into text",
@@ -156,6 +170,8 @@ fn chat_request(
         return_token_ids: req.common.return_token_ids,
         kind: Kind::Chat,
         routed,
+        class,
+        priority,
     })
 }
 
@@ -191,7 +207,8 @@ fn completion_request(
         sampling,
         structure: req.common.structure.clone(),
     };
-    let (asked, model, model_index, routed) = resolve(state, &req.common, headers, asked)?;
+    let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
+    let (class, priority) = classify(&req.common, &mut routed)?;
     if let (Some(_), Prompt::Text(text)) = (&routed, &asked.prompt) {
         prompts = vec![PromptInput::Text(text.clone())];
     }
@@ -216,6 +233,8 @@ fn completion_request(
         return_token_ids: req.common.return_token_ids,
         kind: Kind::Text,
         routed,
+        class,
+        priority,
     })
 }
 
@@ -277,15 +296,17 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 /// Admits every sequence of the request as one group (all or none: see [`admit_group`]),
 /// then answers.
 async fn run(state: Arc<AppState>, req: ValidRequest) -> Result<Response, ApiError> {
-    let group = req
-        .routed
-        .as_ref()
-        .map(|r| (r.experiment.clone(), r.kv_share));
+    let at = Placement {
+        group: req.routed.as_ref().map(|r| r.experiment.clone()),
+        kv_share: req.routed.as_ref().and_then(|r| r.kv_share),
+        class: req.class,
+        priority: req.priority,
+    };
     let what = match req.kind {
         Kind::Chat => GroupOf::Choices,
         Kind::Text => GroupOf::Completions,
     };
-    let rxs = admit_group(&state, req.model_index, req.seqs.clone(), group, what)
+    let rxs = admit_group(&state, req.model_index, req.seqs.clone(), at, what)
         .await?
         .into_iter()
         .map(|a| a.rx)

@@ -8,6 +8,7 @@
 //! [`MAX_COMPLETIONS`] completions per request (prompts × n).
 
 use abserve_engine::prepare::{Input, PrepareError};
+use abserve_engine::Class;
 use abserve_protocol::wire::{ChatRequest, CompletionRequest, Content, Prompt};
 use abserve_protocol::ChatMessage;
 
@@ -243,8 +244,8 @@ pub enum PromptInput {
 /// Fields of OpenAI's API (and of vLLM's and llama.cpp's servers) that change what the answer
 /// must be and that abserve does not implement, with what to use instead. A request that sets
 /// one gets a 400 naming it instead of an answer that silently ignores it. (Fields that do not
-/// change the answer — `store`, `service_tier`, `prompt_cache_key`, `safety_identifier` — are
-/// accepted and ignored.)
+/// change the answer — `store`, `prompt_cache_key`, `safety_identifier` — are accepted and
+/// ignored; `service_tier` and `priority` choose the request's priority class: [`placement_of`].)
 pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("functions", "use tools"),
     ("function_call", "use tool_choice"),
@@ -278,6 +279,30 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("json_schema", "use response_format {type: json_schema}"),
     ("lora", "LoRA adapters are not supported yet"),
 ];
+
+/// The priority class and vLLM's `priority` a request asks for with `service_tier` (OpenAI's
+/// tiers or abserve's class names, `Class::from_tier`) and `priority`, else `default` (its
+/// experiment's class, else its route's) and 0; an unknown tier or a `priority` outside 32 bits
+/// is a 400 naming the field.
+pub fn placement_of(
+    tier: Option<&str>,
+    priority: Option<i64>,
+    default: Class,
+) -> Result<(Class, i32), PrepareError> {
+    let class = match tier.map(Class::from_tier).transpose() {
+        Ok(asked) => asked.flatten().unwrap_or(default),
+        Err(why) => return Err(PrepareError::new("service_tier", why)),
+    };
+    let priority =
+        match priority.map(i32::try_from).transpose() {
+            Ok(p) => p.unwrap_or(0),
+            Err(_) => return Err(PrepareError::new(
+                "priority",
+                "priority must be an integer between -2147483648 and 2147483647 (lower runs first)",
+            )),
+        };
+    Ok((class, priority))
+}
 
 /// A 400 for the first field of `body` that abserve cannot honour (see [`UNSUPPORTED`]):
 /// `modalities` other than text, `best_of` above 1, and every field listed there.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use abserve_ab::{Asked, Experiment, Prompt};
 use abserve_engine::prepare::{Input, Options};
 use abserve_engine::tools::ToolUse;
-use abserve_engine::ChatMessage;
+use abserve_engine::{ChatMessage, Class, Placement};
 use abserve_models::Prepared;
 use abserve_protocol::abserve::{Fanout, FanoutResult};
 use abserve_protocol::{Sampling, Structure};
@@ -21,13 +21,20 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::admission::{admit_group, Admitted, GroupOf};
+use super::body_rules::placement_of;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// `{input}`: the user message every variant answers.
+/// `{input}`: the user message every variant answers; `service_tier` and `priority` as in a
+/// chat request (default: the `fanout` class).
 #[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct FanoutBody {
     input: String,
+    #[serde(default)]
+    service_tier: Option<String>,
+    #[serde(default)]
+    priority: Option<i64>,
 }
 
 /// Every variant of an experiment on one input, concurrently, side by side (queued as one group
@@ -42,7 +49,7 @@ pub async fn fanout(
 ) -> Result<Response, ApiError> {
     let e = state.experiments.find(&name)?;
     let exp = e.clone();
-    let (input, requests) = state
+    let (input, requests, (class, priority)) = state
         .off_thread(move |st| fanout_requests(st, &exp, &body))
         .await?;
     let mut results: Vec<FanoutResult> = e
@@ -68,9 +75,14 @@ pub async fn fanout(
     let (holds, running) = hold_spend(&state, ab, &e, requests, &mut results).await;
     let tools: Vec<Option<ToolUse>> = running.iter().map(|(_, _, p)| p.tools.clone()).collect();
     let positions: Vec<usize> = running.iter().map(|(k, _, _)| *k).collect();
-    let group = (e.name.clone(), e.max_kv_share);
+    let at = Placement {
+        group: Some(e.name.clone()),
+        kv_share: e.max_kv_share,
+        class,
+        priority,
+    };
     let seqs = running.into_iter().map(|(_, m, p)| (m, p)).collect();
-    let admitted = admit_by_model(&state, seqs, group).await?;
+    let admitted = admit_by_model(&state, seqs, at).await?;
     let known: Vec<Option<u64>> = admitted.iter().map(|a| a.order).collect();
     let outs =
         futures::future::join_all(admitted.into_iter().map(|a| abserve_engine::collect(a.rx)))
@@ -86,7 +98,7 @@ pub async fn fanout(
         .collect();
     for ((&k, o), t) in positions.iter().zip(outs).zip(&tools) {
         let model = std::mem::take(&mut results[k].model);
-        results[k] = fanout_result(&state, &e.variants[k].id, o, t.as_ref());
+        results[k] = fanout_result(&state, &e.variants[k].id, o, t.as_ref(), class);
         results[k].model = model;
     }
     for (k, held) in holds {
@@ -140,7 +152,7 @@ async fn hold_spend<'a>(
 async fn admit_by_model(
     state: &AppState,
     requests: Vec<(usize, Prepared)>,
-    group: (String, Option<f64>),
+    at: Placement,
 ) -> Result<Vec<Admitted>, ApiError> {
     let n = requests.len();
     let mut by_model: std::collections::BTreeMap<usize, Vec<(usize, Prepared)>> =
@@ -151,8 +163,7 @@ async fn admit_by_model(
     let mut slots: Vec<Option<Admitted>> = (0..n).map(|_| None).collect();
     for (model, members) in by_model {
         let (positions, seqs): (Vec<usize>, Vec<Prepared>) = members.into_iter().unzip();
-        let admitted =
-            admit_group(state, model, seqs, Some(group.clone()), GroupOf::Variants).await?;
+        let admitted = admit_group(state, model, seqs, at.clone(), GroupOf::Variants).await?;
         for (pos, a) in positions.into_iter().zip(admitted) {
             slots[pos] = Some(a);
         }
@@ -163,13 +174,14 @@ async fn admit_by_model(
 /// The sequence of every variant of `exp` that answers the fan-out body's input (its
 /// `fanout_rate`), prepared by the variant's model as a chat request routed to that variant
 /// would be (an unset `max_tokens` is clamped to the room the context leaves), beside the
-/// variant's position and its model's in the registry.
+/// variant's position and its model's in the registry; and the fan-out's class and `priority`.
 fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
-) -> Result<(String, Vec<(usize, usize, Prepared)>), ApiError> {
+) -> Result<(String, Vec<(usize, usize, Prepared)>, (Class, i32)), ApiError> {
     let b: FanoutBody = crate::body::parse_body(body)?;
+    let class = placement_of(b.service_tier.as_deref(), b.priority, Class::Fanout)?;
     let defaults = Sampling {
         temperature: Some(1.0),
         ..Default::default()
@@ -202,7 +214,7 @@ fn fanout_requests(
         )?;
         requests.push((k, model, p));
     }
-    Ok((b.input, requests))
+    Ok((b.input, requests, class))
 }
 
 /// One variant's side of a fan-out: its answer with counts and timings, or its error.
@@ -211,6 +223,7 @@ fn fanout_result(
     variant: &str,
     o: Result<abserve_engine::Output, abserve_engine::GenerationError>,
     tools: Option<&ToolUse>,
+    class: Class,
 ) -> FanoutResult {
     let mut r = FanoutResult {
         variant: variant.to_string(),
@@ -219,6 +232,7 @@ fn fanout_result(
     match o {
         Ok(o) => {
             let d = &o.completion;
+            super::respond::observe(state, class, d);
             r.output = Some(o.text);
             r.prompt_tokens = Some(d.prompt_tokens as u64);
             r.completion_tokens = Some(d.completion_tokens as u64);

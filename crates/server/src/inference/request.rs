@@ -1,6 +1,7 @@
 //! A request after validation and routing, on its way to its model: its prepared sequences,
 //! its routing and how to answer it ([`ValidRequest`]).
 
+use abserve_engine::Class;
 use abserve_models::Prepared;
 
 use crate::experiments::Routed;
@@ -29,6 +30,9 @@ pub(crate) struct ValidRequest {
     pub return_token_ids: bool,
     pub kind: Kind,
     pub routed: Option<Routed>,
+    /// Its priority class and vLLM's `priority` within it (`body_rules::placement_of`).
+    pub class: Class,
+    pub priority: i32,
 }
 
 impl ValidRequest {

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abserve_engine::{Completion, Event, TokenLogprob};
+use abserve_engine::{Class, Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
     ChatLogprobs, Choice, Chunk, ChunkChoice, Delta, ErrorBody, ErrorObject, Logprobs,
     PromptTokensDetails, Response as WireResponse, ResponseMessage, Routing, TextLogprobs,
@@ -53,11 +53,15 @@ fn routing(r: &Routed) -> Routing {
     }
 }
 
-fn observe(state: &AppState, d: &Completion) {
+/// Observes a finished answer's latencies (and its time to first token in its class's series).
+pub(crate) fn observe(state: &AppState, class: Class, d: &Completion) {
+    let ttft = d.time_to_first_token.as_secs_f64();
+    state.metrics.ttft.observe(ttft);
     state
         .metrics
-        .ttft
-        .observe(d.time_to_first_token.as_secs_f64());
+        .class_ttft
+        .with_label_values(&[class.as_str()])
+        .observe(ttft);
     state
         .metrics
         .request_duration
@@ -209,7 +213,7 @@ pub(crate) async fn collect_response(
     for (i, r) in results.into_iter().enumerate() {
         let c = r.map_err(ApiError::generation)?;
         let d = c.completion;
-        observe(&state, &d);
+        observe(&state, req.class, &d);
         tally.add(i, &d);
         let mut choice = Choice {
             index: i as u32,
@@ -254,6 +258,8 @@ struct Chunker {
     /// The model whose tokens these are (its position in the registry).
     model: usize,
     want_lp: bool,
+    /// The request's priority class (its time to first token is observed per class).
+    class: Class,
     state: Arc<AppState>,
     /// Per choice with tools, its calls as they are written (`tool_calls.rs`) and its
     /// log-probabilities, held until it finishes.
@@ -316,7 +322,7 @@ impl Chunker {
                 Some(Piece::Chunk(self.chunk(vec![c])))
             }
             Event::Done(d) => {
-                observe(&self.state, &d);
+                observe(&self.state, self.class, &d);
                 let tail = (!d.tail_text.is_empty()).then(|| d.tail_text.clone());
                 let mut c = self.choice(i, tail);
                 c.finish_reason = Some(d.finish_reason.as_str().to_string());
@@ -342,7 +348,7 @@ impl Chunker {
                 (!choices.is_empty()).then(|| Piece::Chunk(self.chunk(choices)))
             }
             Event::Done(d) => {
-                observe(&self.state, &d);
+                observe(&self.state, self.class, &d);
                 let choices = calls.finish(&d.tail_text, d.finish_reason.as_str());
                 let mut chunks: Vec<Chunk> =
                     choices.into_iter().map(|c| self.chunk(vec![c])).collect();
@@ -424,6 +430,7 @@ fn chunker(state: &Arc<AppState>, req: &ValidRequest) -> Chunker {
         kind: req.kind,
         model: req.model_index,
         want_lp: req.logprobs(),
+        class: req.class,
         state: state.clone(),
         tools: Arc::new(Mutex::new(
             req.seqs

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 
 use abserve_engine::prepare::{Input, Options, PrepareError};
 use abserve_engine::{
-    ChatMessage, Completion, Event, FinishReason, GenerationError, StatsSnapshot, SubmitError,
+    ChatMessage, Completion, Event, FinishReason, GenerationError, Placement, StatsSnapshot,
+    SubmitError,
 };
 use abserve_models::{Capacity, Entry, Model, Prepared};
 use abserve_protocol::{Sampling, Structure};
@@ -113,13 +114,12 @@ impl Model for Echo {
     fn submit(
         &self,
         seqs: Vec<Prepared>,
-        group: Option<String>,
-        kv_share: Option<f64>,
+        at: Placement,
     ) -> Result<Vec<UnboundedReceiver<Event>>, SubmitError> {
         self.groups
             .lock()
             .unwrap()
-            .push((seqs.len(), group, kv_share));
+            .push((seqs.len(), at.group, at.kv_share));
         let mut rxs = vec![];
         for (order, s) in seqs.iter().enumerate() {
             let job = s.job::<Job>().expect("prepared by this model");

@@ -127,7 +127,7 @@ async fn ready_runs_a_probe_and_reports_the_plan_and_fanout_answers_every_varian
     );
     let probe = a.ctl.submitted.lock().unwrap().pop().unwrap();
     assert!(
-        probe.priority && probe.params.max_tokens == 1,
+        probe.probe && probe.params.max_tokens == 1,
         "a real 1-token generation in the priority lane"
     );
 
@@ -337,5 +337,100 @@ async fn fanout_rate_samples_inputs_and_a_cap_needs_prices() {
     assert!(
         body.contains("variants.b.daily_spend_cap") && body.contains("no prices"),
         "{body}"
+    );
+}
+
+#[tokio::test]
+async fn each_request_reaches_the_engine_in_its_class() {
+    use abserve_engine::Class;
+    let a = app(Some(EXPERIMENT)).await;
+    let msg = json!([{"role": "user", "content": "hi"}]);
+    let last = |a: &App| {
+        let r = a.ctl.submitted.lock().unwrap().last().cloned().unwrap();
+        (r.class, r.priority)
+    };
+    let ask = |body: Value| a.post("/v1/chat/completions", body);
+    let (s, _, _) = ask(json!({"model": "fake", "messages": msg})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(last(&a), (Class::Interactive, 0), "live by default");
+    for (tier, class) in [
+        ("flex", Class::Batch),
+        ("batch", Class::Batch),
+        ("fanout", Class::Fanout),
+        ("priority", Class::Interactive),
+        ("default", Class::Interactive),
+    ] {
+        let body = json!({"model": "fake", "messages": msg, "service_tier": tier, "priority": 7});
+        let (s, _, bytes) = ask(body).await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        assert_eq!(last(&a), (class, 7), "{tier}");
+    }
+    let (s, _, bytes) = a
+        .post(
+            "/v1/completions",
+            json!({"model": "fake", "prompt": "hi", "service_tier": "flex"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(last(&a).0, Class::Batch);
+    let n = a.ctl.submitted.lock().unwrap().len();
+    for bad in [
+        json!({"service_tier": "gold"}),
+        json!({"priority": 1u64 << 40}),
+    ] {
+        let mut body = json!({"model": "fake", "messages": msg});
+        body.as_object_mut()
+            .unwrap()
+            .extend(bad.as_object().unwrap().clone());
+        let (s, _, bytes) = ask(body).await;
+        assert_eq!(
+            s,
+            StatusCode::BAD_REQUEST,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    assert_eq!(
+        a.ctl.submitted.lock().unwrap().len(),
+        n,
+        "a refused request reaches nothing"
+    );
+
+    // an experiment's class is its requests' default; a fan-out's is `fanout`
+    let def =
+        json!({"name": "nightly", "service_tier": "batch", "variants": [{"id": "a"}, {"id": "b"}]});
+    let (s, _, bytes) = a.post("/v1/experiments", def).await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let routed = json!({"model": "experiment:nightly", "messages": msg, "user": "u1"});
+    ask(routed.clone()).await;
+    assert_eq!(last(&a).0, Class::Batch);
+    let mut own = routed;
+    own["service_tier"] = json!("priority");
+    ask(own).await;
+    assert_eq!(
+        last(&a).0,
+        Class::Interactive,
+        "the request's own tier wins"
+    );
+    let (s, _, _) = a
+        .post("/v1/experiments/nightly/fanout", json!({"input": "hi"}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(last(&a).0, Class::Fanout);
+    let (s, _, _) = a
+        .post(
+            "/v1/experiments/nightly/fanout",
+            json!({"input": "hi", "tier": "x"}),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_REQUEST,
+        "an unknown fan-out field is refused"
     );
 }

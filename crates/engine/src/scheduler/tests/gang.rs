@@ -13,7 +13,9 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
                 prompt: p.clone(),
                 params: SamplingParams::greedy(max_tokens),
                 group: Some("g".into()),
-                priority: false,
+                probe: false,
+                class: Default::default(),
+                priority: 0,
                 kv_share: None,
                 constraint: None,
                 adapters: Default::default(),
@@ -22,7 +24,7 @@ fn gang(s: &mut Scheduler, prompts: &[Vec<i32>], max_tokens: u32) -> Vec<Unbound
             ((req, tx), rx)
         })
         .unzip();
-    let (_, permits) = InFlight::take(&s.stats, members.len());
+    let (_, permits) = InFlight::take(&s.stats, members.len(), Default::default());
     let members = members
         .into_iter()
         .zip(permits)

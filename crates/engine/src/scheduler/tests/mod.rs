@@ -3,9 +3,10 @@
 //! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
 //! sequence id where a prefix can only be given by copying a whole stream. `unified.rs` tests
 //! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions,
-//! `grammar.rs` constrained sequences (masks, forced tokens).
+//! `classes.rs` priority classes, `grammar.rs` constrained sequences (masks, forced tokens).
 
 mod adapters;
+mod classes;
 mod gang;
 mod grammar;
 mod split;
@@ -374,7 +375,9 @@ fn submit(
             prompt,
             params: SamplingParams::greedy(max_tokens),
             group: Some(group.into()),
-            priority: false,
+            probe: false,
+            class: Default::default(),
+            priority: 0,
             kv_share: None,
             constraint: None,
             adapters: Default::default(),

@@ -1,0 +1,2 @@
+-- Priority classes (issue 44): the class a routed request ran in (interactive, fanout, batch).
+ALTER TABLE exposures ADD COLUMN service_tier TEXT;
