@@ -19,7 +19,9 @@ use crate::request::{Completion, Event, GenerationError, GrammarOutcome};
 
 impl Scheduler {
     /// The batch of the running sequences of each lane's picked adapter set (`pick[lane]`;
-    /// `None`: the lane decodes nothing), up to the batch capacity of each lane.
+    /// `None`: the lane decodes nothing), up to the batch capacity of each lane — in a step that
+    /// computes a sequence's first token, only those of its class and more urgent ones
+    /// (`classes.rs`).
     pub(super) fn build_batch<C: Compute>(
         &mut self,
         be: &mut C,
@@ -28,10 +30,15 @@ impl Scheduler {
         be.clear_batch();
         let mut cap = vec![be.batch_capacity(); pick.len()];
         let mut plan = Vec::new();
+        let floor = self.first_token_class(pick);
         for phase in [Phase::Decoding, Phase::Prefilling] {
             for (idx, a) in self.running.iter().enumerate() {
                 let lane = self.lanes.lane_of(a.slot);
-                if a.phase() != phase || pick[lane] != Some(a.seq.adapters) || cap[lane] == 0 {
+                if a.phase() != phase
+                    || pick[lane] != Some(a.seq.adapters)
+                    || cap[lane] == 0
+                    || floor.is_some_and(|c| a.seq.class > c)
+                {
                     continue;
                 }
                 let n = a.pending().min(cap[lane]);

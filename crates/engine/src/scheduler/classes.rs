@@ -5,7 +5,9 @@
 //! readiness probes, then class, then `priority`; arrival and the fair window among equals).
 //! When no slot is free — or, in a unified cache, no cells — for the most urgent waiting
 //! request, it takes the slot of the least urgent running sequence that is strictly less urgent
-//! than itself, the newest among equals (vLLM's priority scheduler preempts the same way). The
+//! than itself, the latest to arrive among equals (vLLM's priority scheduler preempts the same
+//! way; by arrival, not admission, so a sequence just readmitted after a preemption is not the
+//! next to go again). The
 //! preempted sequence keeps everything it has (tokens, sampler, text, channel: it is never lost
 //! and never answers twice): its computed KV is saved to the host prefix store where the store
 //! takes it, and restored when it is admitted again, else recomputed.
@@ -28,12 +30,18 @@ use std::collections::HashSet;
 pub(super) const MAX_BUMPS: u32 = 3;
 
 impl Scheduler {
-    /// Index in `running` of the least urgent sequence that `allowed` lets go, the newest among
-    /// equals; never a readiness probe.
+    /// Index in `running` of the least urgent sequence that `allowed` lets go, the latest to
+    /// arrive among equals; never a readiness probe.
     pub(super) fn least_urgent(&self, allowed: impl Fn(&Active) -> bool) -> Option<usize> {
         (0..self.running.len())
             .filter(|&i| !self.running[i].seq.probe && allowed(&self.running[i]))
-            .max_by_key(|&i| (self.running[i].seq.urgency(), i))
+            .max_by_key(|&i| {
+                (
+                    self.running[i].seq.urgency(),
+                    self.running[i].seq.arrived,
+                    i,
+                )
+            })
     }
 
     /// A running sequence whose slot a waiting request of `urgency` may take: strictly less
@@ -155,6 +163,28 @@ impl Scheduler {
         self.stats
             .prefix_store_entries
             .store(self.store.entries.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The most urgent class of the sequences picked to decode (`pick[lane]`, as in
+    /// `build_batch`) that still await their first token, when a less urgent picked sequence
+    /// runs beside them: this step decodes only that class and more urgent ones, so a live
+    /// request's first token does not wait on a full batch of less urgent work (those skip one
+    /// step, keeping their slots and KV).
+    pub(super) fn first_token_class(&self, pick: &[Option<u32>]) -> Option<Class> {
+        let picked = |a: &&Active| pick[self.lanes.lane_of(a.slot)] == Some(a.seq.adapters);
+        let urgent = self
+            .running
+            .iter()
+            .filter(picked)
+            .filter(|a| a.seq.first_token.is_none())
+            .map(|a| a.seq.class)
+            .min()?;
+        let behind = self
+            .running
+            .iter()
+            .filter(picked)
+            .any(|a| a.seq.class > urgent);
+        behind.then_some(urgent)
     }
 
     /// Waiting and running sequences per class, for `/metrics`.

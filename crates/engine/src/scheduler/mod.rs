@@ -515,8 +515,8 @@ impl Scheduler {
         }
     }
 
-    /// Preempts for memory: the least urgent running sequence, the newest among equals (never a
-    /// readiness probe while anything else can go).
+    /// Preempts for memory: the least urgent running sequence, the latest to arrive among
+    /// equals (never a readiness probe while anything else can go).
     fn preempt_newest<C: Compute>(&mut self, be: &mut C) {
         let idx = self
             .least_urgent(|_| true)

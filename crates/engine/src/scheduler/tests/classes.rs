@@ -288,3 +288,44 @@ fn the_queue_bound_counts_only_the_class_and_more_urgent_ones() {
         "each place counted in its class until dropped"
     );
 }
+
+/// Tokens that arrived on `rx` since it was last read.
+fn new_tokens(rx: &mut UnboundedReceiver<Event>) -> usize {
+    let mut n = 0;
+    while let Ok(e) = rx.try_recv() {
+        n += usize::from(matches!(e, Event::Token { .. }));
+    }
+    n
+}
+
+#[test]
+fn a_step_that_computes_a_live_first_token_leaves_less_urgent_work_for_the_next() {
+    let mut s = split_store(3, 96, 0);
+    let mut f = Fake::split(3, 96);
+    let batch: Vec<Vec<i32>> = (0..2).map(|i| prompt(60 + i, 20)).collect();
+    let mut brx: Vec<_> = batch
+        .iter()
+        .map(|p| submit_as(&mut s, p.clone(), 20, Class::Batch, 0))
+        .collect();
+    for _ in 0..3 {
+        s.step(&mut f);
+    }
+    for rx in brx.iter_mut() {
+        new_tokens(rx);
+    }
+    let live = prompt(62, 12);
+    let mut irx = submit_as(&mut s, live.clone(), 5, Class::Interactive, 0);
+    s.step(&mut f);
+    assert_eq!(s.n_running(), 3, "a free slot: nothing preempted");
+    assert_eq!(new_tokens(&mut irx), 1, "the live request's first token");
+    for rx in brx.iter_mut() {
+        assert_eq!(new_tokens(rx), 0, "batch work skipped that step");
+    }
+    s.step(&mut f);
+    assert_eq!(new_tokens(&mut irx), 1);
+    for rx in brx.iter_mut() {
+        assert_eq!(new_tokens(rx), 1, "and decodes beside it from the next");
+    }
+    run(&mut s, &mut f);
+    assert_eq!(class_preemptions(&s, Class::Batch), 0);
+}
