@@ -18,6 +18,7 @@ Medians of --runs runs (default 5), printed as Markdown tables.
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -162,6 +163,25 @@ sys.stdin.read()
         if line.startswith("ADDR "):
             return p, line.split()[1].rstrip("/")
     raise RuntimeError("xllamacpp did not start")
+
+
+def poisson(rate, seconds, seed, one):
+    """Calls `one(i)` on a thread of its own at Poisson arrivals of `rate` per second for
+    `seconds` (seeded), then waits for every call; returns (arrivals, start time)."""
+    rng = random.Random(seed)
+    threads, t0, at, i = [], time.perf_counter(), 0.0, 0
+    while True:
+        at += rng.expovariate(rate)
+        if at > seconds:
+            break
+        time.sleep(max(0.0, t0 + at - time.perf_counter()))
+        t = threading.Thread(target=one, args=(i,))
+        t.start()
+        threads.append(t)
+        i += 1
+    for t in threads:
+        t.join()
+    return i, t0
 
 
 def stop(p):

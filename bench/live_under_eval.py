@@ -19,7 +19,6 @@ Goals: b's live p99 TTFT <= 1.3x a's; b's eval throughput >= 0.8x c's; b's live 
 """
 import argparse
 import json
-import random
 import statistics
 import sys
 import threading
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from before_after import chat, start_abserve, start_peer, stop  # noqa: E402
+from before_after import chat, poisson, start_abserve, start_peer, stop  # noqa: E402
 
 SLOTS, CTX = 8, 512
 VARIANTS = ["You are a helpful assistant.", "You are a terse assistant. Answer briefly.",
@@ -77,27 +76,14 @@ def arm(url, model, rate, seconds, seed, eval_clients, tier):
         w.start()
     if eval_clients:
         time.sleep(3)
-    rng = random.Random(seed)
-    ttfts, threads = [], []
+    ttfts = []
 
     def one(i):
         _, ttft, _, status = chat(url, live_body(i, model), stream=True)
         assert status == 200, status
         ttfts.append(ttft)
 
-    t0 = time.perf_counter()
-    at, i = 0.0, 0
-    while True:
-        at += rng.expovariate(rate)
-        if at > seconds:
-            break
-        time.sleep(max(0.0, t0 + at - time.perf_counter()))
-        t = threading.Thread(target=one, args=(i,))
-        t.start()
-        threads.append(t)
-        i += 1
-    for t in threads:
-        t.join()
+    _, t0 = poisson(rate, seconds, seed, one)
     t1 = time.perf_counter()
     stop_eval.set()
     for w in workers:

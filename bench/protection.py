@@ -25,7 +25,6 @@ Goal: admitted requests' p99 TTFT behind abserve <= 1.5x the idle upstream's.
 """
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from before_after import chat, start_abserve, start_peer, stop  # noqa: E402
+from before_after import chat, poisson, start_abserve, start_peer, stop  # noqa: E402
 
 SLOTS, CTX = 4, 512
 
@@ -110,8 +109,7 @@ def offered(url, llama, rate, seconds, seed):
     """Poisson arrivals at `rate` per second for `seconds`, each one request asked once (a 429
     is counted, not retried): TTFT of the answered, answered and refused per second, and the
     most requests llama.cpp held deferred."""
-    rng = random.Random(seed)
-    ttfts, refused, lock, threads = [], 0, threading.Lock(), []
+    ttfts, refused, lock = [], 0, threading.Lock()
 
     def one(i):
         nonlocal refused
@@ -124,19 +122,7 @@ def offered(url, llama, rate, seconds, seed):
                 refused += 1
 
     sampler = Sampler(llama)
-    t0 = time.perf_counter()
-    at, i = 0.0, 0
-    while True:
-        at += rng.expovariate(rate)
-        if at > seconds:
-            break
-        time.sleep(max(0.0, t0 + at - time.perf_counter()))
-        t = threading.Thread(target=one, args=(i,))
-        t.start()
-        threads.append(t)
-        i += 1
-    for t in threads:
-        t.join()
+    i, t0 = poisson(rate, seconds, seed, one)
     took = time.perf_counter() - t0
     return {"p50_ms": pct(ttfts, 0.5) * 1e3, "p99_ms": pct(ttfts, 0.99) * 1e3,
             "answered_per_s": len(ttfts) / took, "refused_per_s": refused / took,

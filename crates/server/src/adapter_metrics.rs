@@ -10,6 +10,7 @@ use abserve_protocol::names;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
 use crate::metrics::Metrics;
+use crate::model_metrics::bump;
 
 /// Adds the adapter series of `budget` and of the default model's `stats` to `metrics`, copied
 /// at every scrape.
@@ -56,15 +57,14 @@ pub fn add(
     metrics.on_render(move || {
         admitted.set(budget.used() as i64);
         loaded.set(budget.loaded().len() as i64);
-        unloads.inc_by(budget.unloads().saturating_sub(unloads.get()));
+        bump(&unloads, budget.unloads());
         for (set, n) in stats.adapter_sets() {
             for (c, v) in [
                 (&requests, n.requests),
                 (&prompt, n.prompt_tokens),
                 (&generated, n.generated_tokens),
             ] {
-                let c = c.with_label_values(&[&set]);
-                c.inc_by(v.saturating_sub(c.get()));
+                bump(&c.with_label_values(&[&set]), v);
             }
         }
     });

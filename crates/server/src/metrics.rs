@@ -12,6 +12,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::model_metrics::bump;
+
 pub struct Metrics {
     registry: Registry,
     stats: Arc<EngineStats>,
@@ -471,11 +473,6 @@ impl Metrics {
     pub fn reject(&self, reason: &str) {
         self.rejections_total.with_label_values(&[reason]).inc();
     }
-}
-
-/// Moves a counter up to `v`, the engine's count (counters never go down).
-fn bump(c: &IntCounter, v: u64) {
-    c.inc_by(v.saturating_sub(c.get()));
 }
 
 /// Structured outputs: compile and mask time, forced-token share, rejections.

@@ -9,7 +9,12 @@ use std::sync::Mutex;
 use abserve_engine::Class;
 use abserve_models::Entry;
 use abserve_protocol::names;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// Moves a counter up to `v`, an engine's count (counters never go down).
+pub(crate) fn bump(c: &IntCounter, v: u64) {
+    c.inc_by(v.saturating_sub(c.get()));
+}
 
 pub(crate) struct ModelSeries {
     budget: IntGaugeVec,
@@ -130,16 +135,14 @@ impl ModelSeries {
                 self.class_running
                     .with_label_values(&l)
                     .set(n.running as i64);
-                let c = self.class_preemptions.with_label_values(&l);
-                c.inc_by(n.preemptions.saturating_sub(c.get()));
+                bump(&self.class_preemptions.with_label_values(&l), n.preemptions);
             }
             for (c, v) in [
                 (&self.prompt_tokens, s.prompt_tokens),
                 (&self.generated_tokens, s.generated_tokens),
                 (&self.set_changes, s.adapter_set_changes),
             ] {
-                let c = c.with_label_values(&id);
-                c.inc_by(v.saturating_sub(c.get()));
+                bump(&c.with_label_values(&id), v);
             }
         }
     }

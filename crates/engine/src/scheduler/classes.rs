@@ -44,12 +44,19 @@ impl Scheduler {
             })
     }
 
-    /// A running sequence whose slot a waiting request of `urgency` may take: strictly less
-    /// urgent, preempted fewer than [`MAX_BUMPS`] times, and not waiting for a prefix copy.
+    /// Whether running sequence `a` gives its slot up to a waiting request of `urgency`: not a
+    /// probe, strictly less urgent, preempted fewer than [`MAX_BUMPS`] times, and not waiting for
+    /// a prefix copy.
+    fn gives_way(&self, a: &Active, urgency: Urgency) -> bool {
+        !a.seq.probe
+            && a.seq.urgency() > urgency
+            && a.seq.bumped < MAX_BUMPS
+            && !self.landing.contains(&a.slot)
+    }
+
+    /// The running sequence whose slot a waiting request of `urgency` takes (see `gives_way`).
     fn victim(&self, urgency: Urgency) -> Option<usize> {
-        self.least_urgent(|a| {
-            a.seq.urgency() > urgency && a.seq.bumped < MAX_BUMPS && !self.landing.contains(&a.slot)
-        })
+        self.least_urgent(|a| self.gives_way(a, urgency))
     }
 
     /// Preempts for the most urgent waiting request that could be admitted (not `deferred`, not
@@ -100,12 +107,7 @@ impl Scheduler {
         let can_go = self
             .running
             .iter()
-            .filter(|a| {
-                !a.seq.probe
-                    && a.seq.urgency() > urgency
-                    && a.seq.bumped < MAX_BUMPS
-                    && !self.landing.contains(&a.slot)
-            })
+            .filter(|a| self.gives_way(a, urgency))
             .count();
         if short == 0 || can_go < short {
             return false;
@@ -117,11 +119,12 @@ impl Scheduler {
     /// store where the store takes it, and it waits again.
     fn bump<C: Compute>(&mut self, be: &mut C, idx: usize) {
         let a = &self.running[idx];
-        let tokens = a.seq.tokens[..a.n_past].to_vec();
-        let (id, set, slot) = (a.seq.id, a.seq.adapters, a.slot);
-        if tokens.len() >= self.cfg.min_shared_prefix
-            && self.store.best_common(set, &tokens) < tokens.len()
+        let (id, set, slot, n_past) = (a.seq.id, a.seq.adapters, a.slot, a.n_past);
+        if self.store.enabled()
+            && n_past >= self.cfg.min_shared_prefix
+            && self.store.best_common(set, &a.seq.tokens[..n_past]) < n_past
         {
+            let tokens = a.seq.tokens[..n_past].to_vec();
             self.save_to_store(be, slot, id, set, tokens);
         }
         tracing::debug!(
@@ -133,7 +136,8 @@ impl Scheduler {
         self.preempt_at(be, idx);
     }
 
-    /// Saves the KV of `slot` (the positions of `tokens`) to the host prefix store, when it is on.
+    /// Saves the KV of `slot` (the positions of `tokens`) to the host prefix store (which the
+    /// caller found on).
     pub(super) fn save_to_store<C: Compute>(
         &mut self,
         be: &mut C,
@@ -142,9 +146,7 @@ impl Scheduler {
         set: u32,
         tokens: Vec<i32>,
     ) {
-        if !self.store.enabled() {
-            return;
-        }
+        debug_assert!(self.store.enabled(), "saving to a prefix store that is off");
         let Some((snap, bytes)) = be.save_seq(slot) else {
             return;
         };

@@ -409,7 +409,7 @@ impl Scheduler {
             .shared_prompt_tokens
             .max(a.seq.n_prompt / 2)
             .max(self.cfg.min_shared_prefix);
-        if self.store.best_common(a.seq.adapters, &tokens) < covered {
+        if self.store.enabled() && self.store.best_common(a.seq.adapters, &tokens) < covered {
             self.save_to_store(be, a.slot, a.seq.id, a.seq.adapters, tokens.clone());
         }
         self.cache.push(Cached {

@@ -39,9 +39,6 @@ pub struct EngineStats {
     pub(crate) completed: AtomicU64,
     /// Largest number of cells ever in use by running sequences.
     pub(crate) kv_cells_peak: AtomicU64,
-    /// Requests submitted and not yet finished (queued in the channel, waiting or running):
-    /// counted by [`InFlight`] permits alone.
-    inflight: AtomicU64,
     /// Cells held only by cached prefixes of finished sequences (free on demand).
     pub(crate) kv_cells_cached: AtomicU64,
     /// Host-memory prefix store: bytes and entries held, restores made.
@@ -64,7 +61,8 @@ pub struct EngineStats {
     pub(crate) constrained_running: AtomicU64,
     /// Bytes of those matchers' lexer tables (`Constraint::bytes`).
     pub(crate) matcher_bytes: AtomicU64,
-    /// Per priority class, in [`Class::ALL`] order.
+    /// Per priority class, in [`Class::ALL`] order (requests in flight are counted here alone:
+    /// the total is their sum).
     pub(crate) classes: [PerClass; 3],
     /// Cells held per group (experiment): (now, peak).
     groups: Mutex<HashMap<String, (u64, u64)>>,
@@ -79,7 +77,8 @@ pub(crate) struct PerClass {
     pub(crate) running: AtomicU64,
     /// Its sequences preempted (for a more urgent class or, in a unified cache, for memory).
     pub(crate) preemptions: AtomicU64,
-    /// Its requests submitted and not yet finished (see [`InFlight`]).
+    /// Its requests submitted and not yet finished (queued in the channel, waiting or
+    /// running): counted by [`InFlight`] permits alone.
     inflight: AtomicU64,
 }
 
@@ -134,7 +133,7 @@ impl EngineStats {
             adapter_set_changes: l(&self.adapter_set_changes),
             steps: l(&self.steps),
             completed: l(&self.completed),
-            inflight: l(&self.inflight),
+            inflight: self.classes.iter().map(|c| l(&c.inflight)).sum(),
             itl_held: l(&self.itl_held),
             faults: l(&self.faults),
             prefix_store_bytes: l(&self.prefix_store_bytes),
@@ -249,12 +248,12 @@ pub struct StatsSnapshot {
     pub classes: [ClassCounts; 3],
 }
 
-/// One request's place among the engine's slots + queue: counted in `inflight` from the moment
-/// the handle takes it ([`InFlight::take`]) until the permit is dropped — with the sequence that
-/// holds it (finished, failed, cancelled, aborted), or with the command that never reached the
-/// engine thread. The count has this one owner, so no path can forget a place or give it back
-/// twice. The default permit holds no place.
-/// Each place is counted in its class too, so that the queue bound can be applied per class.
+/// One request's place among the engine's slots + queue: counted in its class's `inflight`
+/// (so that the queue bound can be applied per class) from the moment the handle takes it
+/// ([`InFlight::take`]) until the permit is dropped — with the sequence that holds it (finished,
+/// failed, cancelled, aborted), or with the command that never reached the engine thread. The
+/// count has this one owner, so no path can forget a place or give it back twice. The default
+/// permit holds no place.
 #[derive(Default)]
 pub(crate) struct InFlight(Option<(Arc<EngineStats>, Class)>);
 
@@ -263,7 +262,6 @@ impl InFlight {
     /// before them (the caller decides whether they fit; a refused request drops its permits).
     /// Less urgent work is not counted: a more urgent request takes its slot when none is free.
     pub(crate) fn take(stats: &Arc<EngineStats>, n: usize, class: Class) -> (usize, Vec<InFlight>) {
-        stats.inflight.fetch_add(n as u64, Ordering::SeqCst);
         stats
             .class(class)
             .inflight
@@ -285,7 +283,6 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some((stats, class)) = self.0.take() {
-            stats.inflight.fetch_sub(1, Ordering::SeqCst);
             stats.class(class).inflight.fetch_sub(1, Ordering::SeqCst);
         }
     }

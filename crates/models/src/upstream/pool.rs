@@ -338,44 +338,14 @@ mod tests {
         assert_eq!(p.replicas[0].in_flight(), (0, 0));
     }
 
-    #[tokio::test]
-    async fn waiters_are_served_in_arrival_order() {
+    /// The order in which waiters of these classes, arriving 20 ms apart while the pool's one
+    /// slot is taken, are served once it frees (by their position in `classes`).
+    async fn served_order(classes: &[Class]) -> Vec<usize> {
         let p = pool(1, Limits { seqs: 1, ..L });
         let first = p.take(&[10], None, Class::Interactive).await.unwrap();
         let order = Arc::new(Mutex::new(vec![]));
         let mut tasks = vec![];
-        for i in 0..3 {
-            let (p, order) = (p.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let r = p.take(&[10], None, Class::Interactive).await.unwrap();
-                order.lock().unwrap().push(i);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                drop(r);
-            }));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        drop(first);
-        for t in tasks {
-            t.await.unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
-    }
-
-    #[tokio::test]
-    async fn a_more_urgent_class_is_served_before_earlier_waiters_of_less_urgent_ones() {
-        let p = pool(1, Limits { seqs: 1, ..L });
-        let first = p.take(&[10], None, Class::Interactive).await.unwrap();
-        let order = Arc::new(Mutex::new(vec![]));
-        let mut tasks = vec![];
-        for (i, class) in [
-            Class::Batch,
-            Class::Batch,
-            Class::Fanout,
-            Class::Interactive,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, &class) in classes.iter().enumerate() {
             let (p, order) = (p.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let r = p.take(&[10], None, class).await.unwrap();
@@ -389,7 +359,24 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), [3, 2, 0, 1]);
+        let order = order.lock().unwrap().clone();
+        order
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_in_arrival_order() {
+        assert_eq!(served_order(&[Class::Interactive; 3]).await, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_more_urgent_class_is_served_before_earlier_waiters_of_less_urgent_ones() {
+        let classes = [
+            Class::Batch,
+            Class::Batch,
+            Class::Fanout,
+            Class::Interactive,
+        ];
+        assert_eq!(served_order(&classes).await, [3, 2, 0, 1]);
     }
 
     #[tokio::test]

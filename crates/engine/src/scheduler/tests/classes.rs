@@ -33,6 +33,24 @@ fn submit_as(
     rx
 }
 
+/// Batch requests of `prompts` (`max_tokens` each), submitted and run for `steps` steps.
+fn start_batch(
+    s: &mut Scheduler,
+    f: &mut Fake,
+    prompts: &[Vec<i32>],
+    max_tokens: u32,
+    steps: usize,
+) -> Vec<UnboundedReceiver<Event>> {
+    let rxs = prompts
+        .iter()
+        .map(|p| submit_as(s, p.clone(), max_tokens, Class::Batch, 0))
+        .collect();
+    for _ in 0..steps {
+        s.step(f);
+    }
+    rxs
+}
+
 /// Tokens, completion and the engine-wide admission order of a finished request.
 fn finish(rx: &mut UnboundedReceiver<Event>) -> (Vec<i32>, Completion, u64) {
     let mut toks = vec![];
@@ -86,13 +104,7 @@ fn a_more_urgent_class_takes_the_slot_of_the_least_urgent_newest_and_answers_are
         let mut s = split_store(2, 96, store);
         let mut f = Fake::split(2, 96);
         let batch: Vec<Vec<i32>> = (0..3).map(|i| prompt(i, 20)).collect();
-        let mut brx: Vec<_> = batch
-            .iter()
-            .map(|p| submit_as(&mut s, p.clone(), 30, Class::Batch, 0))
-            .collect();
-        for _ in 0..4 {
-            s.step(&mut f);
-        }
+        let mut brx = start_batch(&mut s, &mut f, &batch, 30, 4);
         assert_eq!(s.n_running(), 2, "two batch sequences hold both slots");
         let live = prompt(7, 12);
         let fan = prompt(8, 12);
@@ -210,13 +222,7 @@ fn a_fanout_gang_preempts_as_many_batch_sequences_as_it_has_members() {
     let mut s = split_store(3, 96, 1 << 20);
     let mut f = Fake::split(3, 96);
     let batch: Vec<Vec<i32>> = (0..3).map(|i| prompt(30 + i, 20)).collect();
-    let mut brx: Vec<_> = batch
-        .iter()
-        .map(|p| submit_as(&mut s, p.clone(), 20, Class::Batch, 0))
-        .collect();
-    for _ in 0..3 {
-        s.step(&mut f);
-    }
+    let mut brx = start_batch(&mut s, &mut f, &batch, 20, 3);
     let gang: Vec<Vec<i32>> = (0..2).map(|i| prompt(40 + i, 10)).collect();
     let (members, mut grx): (Vec<_>, Vec<_>) = gang
         .iter()
@@ -303,13 +309,7 @@ fn a_step_that_computes_a_live_first_token_leaves_less_urgent_work_for_the_next(
     let mut s = split_store(3, 96, 0);
     let mut f = Fake::split(3, 96);
     let batch: Vec<Vec<i32>> = (0..2).map(|i| prompt(60 + i, 20)).collect();
-    let mut brx: Vec<_> = batch
-        .iter()
-        .map(|p| submit_as(&mut s, p.clone(), 20, Class::Batch, 0))
-        .collect();
-    for _ in 0..3 {
-        s.step(&mut f);
-    }
+    let mut brx = start_batch(&mut s, &mut f, &batch, 20, 3);
     for rx in brx.iter_mut() {
         new_tokens(rx);
     }
