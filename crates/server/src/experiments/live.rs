@@ -231,11 +231,18 @@ impl AbState {
         &self.store
     }
 
+    /// Writes one exposure. The write runs in a task of its own: a caller dropped while it waits (a streaming client
+    /// that closes once it read an error event drops the stream that records) does not cancel
+    /// the write halfway, so an exposure once begun is written.
     pub async fn record_exposure(&self, experiment: String, x: Exposure) -> Result<(), ApiError> {
-        self.store
-            .record_exposure(&experiment, &x)
-            .await
-            .map_err(store_error)
+        let store = self.store.clone();
+        let write = tokio::spawn(async move { store.record_exposure(&experiment, &x).await });
+        match write.await {
+            Ok(r) => r.map_err(store_error),
+            Err(e) => Err(ApiError::internal(format!(
+                "recording the exposure stopped: {e}"
+            ))),
+        }
     }
 }
 

@@ -434,3 +434,45 @@ async fn each_request_reaches_the_engine_in_its_class() {
         "an unknown fan-out field is refused"
     );
 }
+
+/// An exposure whose write began is written even when its caller is dropped at once: a streaming
+/// client that closes on reading an error event drops the stream that records its exposure.
+#[tokio::test]
+async fn an_exposure_begun_is_written_when_its_caller_is_dropped() {
+    let a = app(Some(EXPERIMENT)).await;
+    let ab = a.state.experiments.ab.as_ref().unwrap();
+    let x = abserve_ab::Exposure {
+        variant: "a".into(),
+        unit: "u1".into(),
+        forced: false,
+        latency_ms: None,
+        ttft_ms: None,
+        output_tokens: None,
+        error: Some("the upstream closed the stream".into()),
+        constrained: false,
+        grammar_complete: None,
+        prompt_tokens: None,
+        cost: None,
+        service_tier: None,
+    };
+    for _ in 0..20 {
+        let mut write = Box::pin(ab.record_exposure("greet".into(), x.clone()));
+        assert!(futures::poll!(&mut write).is_pending());
+        drop(write);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut n = 0;
+    while std::time::Instant::now() < deadline {
+        n = ab
+            .store()
+            .recent_exposures("greet", 100)
+            .await
+            .unwrap()
+            .len();
+        if n == 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(n, 20, "exposures whose caller was dropped were lost");
+}
