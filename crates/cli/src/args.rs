@@ -53,6 +53,15 @@ pub struct ModelArgs {
     /// the same tokens, more steps).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub fast_forward: String,
+    /// Speculative decoding by prompt lookup: a sequence whose last tokens occurred earlier in
+    /// its prompt or output drafts what followed them there, verified in the same batch; used
+    /// per sequence while its measured acceptance pays and per step while steps with drafts
+    /// give more tokens/s than without. Output is unchanged (greedy identical, sampled equally
+    /// distributed). on (default), off, or always (drafts whenever the sequence's acceptance
+    /// allows, without the throughput check: for devices where a few more tokens per step cost
+    /// next to nothing).
+    #[arg(long, default_value = "on", value_parser = ["on", "off", "always"])]
+    pub speculative: String,
     /// CPU threads for llama.cpp (default: all cores).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -188,6 +197,11 @@ impl ModelArgs {
         c.n_batch = self.batch;
         c.flash_attention = self.flash_attn == "on";
         c.fast_forward = self.fast_forward == "on";
+        c.speculative = match self.speculative.as_str() {
+            "off" => abserve_engine::Speculation::Off,
+            "always" => abserve_engine::Speculation::Always,
+            _ => abserve_engine::Speculation::Measured,
+        };
         c.kv_unified = self.kv_unified;
         if !(self.max_itl_ms >= 0.0 && self.max_itl_ms.is_finite()) {
             anyhow::bail!(

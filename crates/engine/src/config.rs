@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::device::Device;
 use crate::gguf::{GgufError, GgufHeader, ModelShape};
 use crate::plan::{available_memory, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{SchedulerConfig, Speculation};
 
 /// How many requests may wait beyond the running slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,9 @@ pub struct EngineConfig {
     pub prefix_store: Option<u64>,
     /// Append the tokens a grammar forces without sampling them (structured outputs).
     pub fast_forward: bool,
+    /// Speculative decoding by prompt lookup, per sequence where its measured acceptance pays
+    /// (see docs/engine.md).
+    pub speculative: Speculation,
     /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
     /// `None`: everything on the host.
     pub device: Option<DeviceHandle>,
@@ -145,6 +148,7 @@ impl EngineConfig {
             max_itl_ms: 0.0,
             prefix_store: None,
             fast_forward: true,
+            speculative: Speculation::Measured,
             device: None,
             gpu_layers: None,
             device_budget: Budget::Fraction(1.0),
@@ -195,6 +199,7 @@ impl EngineConfig {
         s.max_itl = (self.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(self.max_itl_ms / 1e3));
         s.admission_control = self.admission_control;
         s.fast_forward = self.fast_forward;
+        s.speculative = self.speculative;
         s.adapter_turn = self.adapter_turn;
         s.lanes = plan.lanes as usize;
         if !self.prefix_sharing {

@@ -51,4 +51,4 @@ pub use request::{
     GrammarOutcome, Placement, Request, SubmitError,
 };
 pub use sampler::{SamplingParams, TokenLogprob};
-pub use scheduler::{ClassCounts, EngineStats, SetCounts, StatsSnapshot};
+pub use scheduler::{ClassCounts, EngineStats, SetCounts, Speculation, StatsSnapshot};

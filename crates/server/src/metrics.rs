@@ -51,6 +51,7 @@ pub struct Metrics {
     prefix_store_bytes: IntGauge,
     prefix_store_entries: IntGauge,
     prefix_restores: IntCounter,
+    drafts: DraftMetrics,
     engine_faults: IntCounter,
     grammar: GrammarMetrics,
     /// Per-model series (`model` label).
@@ -308,11 +309,7 @@ impl Metrics {
             guardrail_stops: reg.counter(names::GUARDRAIL_STOPS, "Treatments stopped by a guardrail (significantly worse than control on a guardrail metric)")?,
             experiment_stopped: reg.gauges(names::EXPERIMENT_VARIANTS_STOPPED, "Variants of an experiment stopped by guardrails", "experiment")?,
             experiment_kv: reg.gauges(names::EXPERIMENT_KV_CELLS_USED, "KV cells held by an experiment's running sequences", "experiment")?,
-            experiment_kv_peak: reg.gauges(
-                names::EXPERIMENT_KV_CELLS_PEAK,
-                "Most KV cells an experiment's running sequences held at once",
-                "experiment",
-            )?,
+            experiment_kv_peak: reg.gauges(names::EXPERIMENT_KV_CELLS_PEAK, "Most KV cells an experiment's running sequences held at once", "experiment")?,
             kv_cells_used: reg.gauge(names::KV_CELLS_USED, "KV cache cells in use")?,
             peak_resident: reg.gauge(names::MEMORY_PEAK_RESIDENT, "Most resident memory the process has held (VmHWM)")?,
             kv_cells_cached: reg.gauge(names::KV_CELLS_CACHED, "KV cells held by cached prompt prefixes of finished requests (freed on demand)")?,
@@ -335,6 +332,7 @@ impl Metrics {
             prefix_store_entries: reg.gauge(names::PREFIX_STORE_ENTRIES, "Prompt prefixes saved in host memory")?,
             prefix_restores: reg.counter(names::PREFIX_RESTORES, "Prompt prefixes restored from host memory into a slot")?,
             grammar: GrammarMetrics::new(&reg)?,
+            drafts: DraftMetrics::new(&reg)?,
             models: crate::model_metrics::ModelSeries::register(&registry)?,
             engine_faults: reg.counter(names::ENGINE_FAULTS, "Impossible engine states met (each failed one request) and engine panics caught (each failed every request in flight)")?,
             itl_held: reg.gauge(
@@ -434,6 +432,7 @@ impl Metrics {
         self.prefix_store_bytes.set(s.prefix_store_bytes as i64);
         self.prefix_store_entries.set(s.prefix_store_entries as i64);
         bump(&self.prefix_restores, s.prefix_restores);
+        self.drafts.copy(&s);
         bump(&self.engine_faults, s.faults);
         self.grammar.copy(&s);
         self.models.copy();
@@ -472,6 +471,32 @@ impl Metrics {
 
     pub fn reject(&self, reason: &str) {
         self.rejections_total.with_label_values(&[reason]).inc();
+    }
+}
+
+/// Speculative decoding: draft tokens verified and accepted (acceptance = accepted / tokens).
+struct DraftMetrics {
+    tokens: IntCounter,
+    accepted: IntCounter,
+}
+
+impl DraftMetrics {
+    fn new(reg: &Reg<'_>) -> prometheus::Result<Self> {
+        Ok(DraftMetrics {
+            tokens: reg.counter(
+                names::DRAFT_TOKENS,
+                "Draft tokens verified by speculative decoding (prompt lookup)",
+            )?,
+            accepted: reg.counter(
+                names::DRAFT_ACCEPTED,
+                "Draft tokens accepted (each a token gained without a step of its own)",
+            )?,
+        })
+    }
+
+    fn copy(&self, s: &abserve_engine::StatsSnapshot) {
+        bump(&self.tokens, s.draft_tokens);
+        bump(&self.accepted, s.draft_accepted);
     }
 }
 

@@ -429,6 +429,7 @@ impl Scheduler {
                     slot: c.slot,
                     n_past: len,
                     cells,
+                    draft: Vec::new(),
                 });
             }
         }
@@ -445,6 +446,7 @@ impl Scheduler {
                 slot,
                 n_past: 0,
                 cells: Vec::new(),
+                draft: Vec::new(),
             });
         };
         self.give_prefix(be, s, slot, source, len)
@@ -507,6 +509,7 @@ impl Scheduler {
             slot,
             n_past: len,
             cells,
+            draft: Vec::new(),
         })
     }
 
@@ -537,6 +540,7 @@ impl Scheduler {
                 slot,
                 n_past: len,
                 cells: self.cells.alloc_n(len),
+                draft: Vec::new(),
             });
         }
         be.remove_seq(slot);
@@ -545,6 +549,7 @@ impl Scheduler {
             slot,
             n_past: 0,
             cells: Vec::new(),
+            draft: Vec::new(),
         })
     }
 }

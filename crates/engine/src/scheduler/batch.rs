@@ -31,8 +31,10 @@ impl Scheduler {
         let mut cap = vec![be.batch_capacity(); pick.len()];
         let mut plan = Vec::new();
         let floor = self.first_token_class(pick);
+        self.plan_drafts(pick, floor);
         for phase in [Phase::Decoding, Phase::Prefilling] {
-            for (idx, a) in self.running.iter().enumerate() {
+            for idx in 0..self.running.len() {
+                let a = &mut self.running[idx];
                 let lane = self.lanes.lane_of(a.slot);
                 if a.phase() != phase
                     || pick[lane] != Some(a.seq.adapters)
@@ -42,13 +44,17 @@ impl Scheduler {
                     continue;
                 }
                 let n = a.pending().min(cap[lane]);
+                // drafts only where the whole pending part fits, in what capacity is left
+                let room = if n == a.pending() { cap[lane] - n } else { 0 };
+                a.draft.truncate(room);
                 plan.push(Planned {
                     idx,
-                    n,
+                    n: n + a.draft.len(),
                     first: 0,
                     logits: None,
+                    draft: a.draft.len(),
                 });
-                cap[lane] -= n;
+                cap[lane] -= n + a.draft.len();
             }
         }
         plan.sort_by_key(|p| self.running[p.idx].slot);
@@ -56,16 +62,17 @@ impl Scheduler {
         for p in &mut plan {
             let a = &self.running[p.idx];
             let len = a.seq.tokens.len();
-            let reaches_end = a.n_past + p.n == len;
+            let own = p.n - p.draft;
+            let reaches_end = a.n_past + own == len;
             // the positions whose logits give forced tokens their log-probabilities
             let forced_rows = if a.seq.sampler.params().logprobs.is_some() {
                 len - a.seq.unemitted - 1..len - 1
             } else {
                 0..0
             };
-            for k in 0..p.n {
+            for k in 0..own {
                 let at = a.n_past + k;
-                let last = reaches_end && k == p.n - 1;
+                let last = reaches_end && k == own - 1;
                 be.add(
                     a.seq.tokens[at],
                     at,
@@ -73,11 +80,50 @@ impl Scheduler {
                     last || forced_rows.contains(&at),
                 );
             }
+            // draft tokens follow the pending one, each with logits to verify the next
+            for (k, &t) in a.draft.iter().enumerate() {
+                be.add(t, len + k, a.slot, true);
+            }
             p.first = pos;
             pos += p.n;
-            p.logits = reaches_end.then_some(pos - 1);
+            p.logits = reaches_end.then_some(pos - 1 - p.draft);
         }
         plan
+    }
+
+    /// One planned sequence after the decode: its new cells accounted, forced tokens emitted,
+    /// its next tokens sampled (and drafts verified); how it ends, if it does.
+    fn advance<C: Compute>(&mut self, be: &mut C, p: &Planned) -> Option<sample::End> {
+        let a = &mut self.running[p.idx];
+        let start = a.n_past;
+        let prompt_part = a.seq.n_prompt.saturating_sub(a.n_past).min(p.n);
+        EngineStats::add(&self.stats.prompt_tokens_computed, prompt_part);
+        EngineStats::add(&self.stats.draft_tokens, p.draft);
+        let new = self.cells.alloc_n(p.n);
+        a.cells.extend(new);
+        a.n_past += p.n;
+        let mut end = sample::emit_forced(&mut a.seq, be, start, p);
+        // positions whose KV stays: what the sequence holds, and of the drafts only those
+        // accepted (the token sampled after them is computed next step)
+        let mut keep = usize::MAX;
+        if end.is_none() {
+            if let Some(bi) = p.logits {
+                let ff = self.cfg.fast_forward;
+                let (e, accepted) = sample::verify(&mut a.seq, &a.draft, be, bi, ff, &self.stats);
+                end = e;
+                keep = start + p.n - p.draft + accepted;
+            }
+        }
+        a.draft.clear();
+        let keep = keep.min(a.seq.tokens.len());
+        if a.n_past > keep {
+            // rejected drafts, or a stop string inside forced tokens: the KV past it goes
+            be.truncate_seq(a.slot, keep);
+            self.cells.release(&a.cells[keep..]);
+            a.cells.truncate(keep);
+            a.n_past = keep;
+        }
+        end
     }
 
     pub(super) fn fail_batch<C: Compute>(
@@ -99,28 +145,7 @@ impl Scheduler {
     pub(super) fn after_decode<C: Compute>(&mut self, be: &mut C, plan: &[Planned]) {
         let mut finished = Vec::new();
         for p in plan {
-            let a = &mut self.running[p.idx];
-            let start = a.n_past;
-            let prompt_part = a.seq.n_prompt.saturating_sub(a.n_past).min(p.n);
-            EngineStats::add(&self.stats.prompt_tokens_computed, prompt_part);
-            let new = self.cells.alloc_n(p.n);
-            a.cells.extend(new);
-            a.n_past += p.n;
-            let mut end = sample::emit_forced(&mut a.seq, be, start, p);
-            if end.is_none() {
-                if let Some(bi) = p.logits {
-                    end = sample::next(&mut a.seq, be, bi, self.cfg.fast_forward, &self.stats);
-                }
-            }
-            if a.n_past > a.seq.tokens.len() {
-                // a stop string inside forced tokens: the KV past it goes
-                let len = a.seq.tokens.len();
-                be.truncate_seq(a.slot, len);
-                self.cells.release(&a.cells[len..]);
-                a.cells.truncate(len);
-                a.n_past = len;
-            }
-            if let Some(end) = end {
+            if let Some(end) = self.advance(be, p) {
                 finished.push((p.idx, end));
             }
         }

@@ -59,6 +59,15 @@ impl StepModel {
         self.line().map(|(a, b)| (a + b * n as f64).max(1e-6))
     }
 
+    /// What one more row in a step of `n` decoding sequences costs, as a share of the time per
+    /// token of that step: the line's slope over t(n)/n (`None` until two sizes are measured).
+    /// A draft token is worth its row only if it is accepted with at least this probability.
+    pub fn row_share(&self, n: usize) -> Option<f64> {
+        let (_, b) = self.line()?;
+        let t = self.predict(n.max(1))?;
+        Some(b * n.max(1) as f64 / t)
+    }
+
     /// May a batch of `n` decoding sequences become `n + 1` under `target`?
     pub fn allows_one_more(&self, n: usize, target: Duration) -> bool {
         if n == 0 {
@@ -111,5 +120,9 @@ mod tests {
             g.allows_one_more(4, ms(60)),
             "over the target but +24% tokens/s"
         );
+        // a row's cost against a token's time: 6 of 10 ms alone, 48 of 52 ms with 8
+        assert!((m.row_share(1).unwrap() - 0.6).abs() < 1e-6);
+        assert!((m.row_share(8).unwrap() - 48.0 / 52.0).abs() < 1e-6);
+        assert_eq!(StepModel::default().row_share(1), None);
     }
 }

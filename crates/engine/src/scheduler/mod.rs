@@ -27,6 +27,7 @@ mod lane_steps;
 mod sample;
 mod seq;
 mod slots;
+mod speculate;
 mod stats;
 mod step;
 
@@ -45,18 +46,22 @@ use crate::text::TextStream;
 
 use kv::{Cached, CellTable, PrefixStore, SlotPool};
 use seq::{Active, Seq};
+pub use speculate::Speculation;
 pub(crate) use stats::InFlight;
 pub use stats::{ClassCounts, EngineStats, SetCounts, StatsSnapshot};
 
 /// Part of a batch: `n` tokens of running sequence `idx` from batch index `first`, with the
 /// logits to sample from at batch index `logits` (and, for forced tokens whose log-probabilities
 /// are asked for, at the positions before each: see `sample.rs`; built by `batch.rs` and `lane_steps.rs`).
+/// The last `draft` of the `n` are draft tokens, with logits at each after `logits`
+/// (`speculate.rs`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Planned {
     pub idx: usize,
     pub n: usize,
     pub first: usize,
     pub logits: Option<usize>,
+    pub draft: usize,
 }
 
 /// What the scheduler needs from a model + context. llama.cpp implements it in `llama/compute.rs`;
@@ -117,6 +122,8 @@ pub struct SchedulerConfig {
     /// Adapter lanes the slots are divided between (`crate::lane_split`; split streams only): each
     /// lane applies one set at a time, and every lane decodes in every step.
     pub lanes: usize,
+    /// Speculative decoding by prompt lookup (`speculate.rs`).
+    pub speculative: Speculation,
 }
 
 impl SchedulerConfig {
@@ -136,6 +143,7 @@ impl SchedulerConfig {
             fast_forward: true,
             adapter_turn: 8,
             lanes: 1,
+            speculative: Speculation::Off,
         }
     }
 
@@ -175,6 +183,10 @@ pub struct Scheduler {
     admissions: u64,
     clock: u64,
     steps: itl::StepModel,
+    /// Tokens per second with and without drafts (`speculate.rs`).
+    spec: speculate::SpecModel,
+    /// Decode-only step times by rows (tokens) in the step, drafts included: what a row costs.
+    rows: itl::StepModel,
     /// Cached slots that are the source of a stream copy not yet landed (llama.cpp copies
     /// streams at the next decode): nothing may be restored into them until then.
     pinned: Vec<i32>,
@@ -223,6 +235,8 @@ impl Scheduler {
             admissions: 0,
             clock: 0,
             steps: itl::StepModel::default(),
+            spec: Default::default(),
+            rows: Default::default(),
             pinned: Vec::new(),
             landing: Vec::new(),
             gangs: 0,
@@ -311,6 +325,7 @@ impl Scheduler {
             adapters,
             lease: req.lease,
             permit,
+            acceptance: self.spec.prior(),
         };
         self.next_id += 1;
         EngineStats::add(&self.stats.prompt_tokens, n_prompt);

@@ -137,6 +137,46 @@ pub(super) fn next<C: Compute>(
     (s.tokens.len() >= s.limit).then_some(End::Finish(FinishReason::Length))
 }
 
+/// Samples the sequence's next tokens from the logits at batch index `bi` and, for each draft
+/// token, the row after: on while each sample equals the draft token before it
+/// (`speculate.rs`). Returns how it ends, if it does, and how many draft tokens were accepted.
+/// With no draft, the sampled token is compared with the draft it would have had (`shadow`).
+pub(super) fn verify<C: Compute>(
+    s: &mut Seq,
+    draft: &[i32],
+    be: &C,
+    bi: usize,
+    fast_forward: bool,
+    stats: &EngineStats,
+) -> (Option<End>, usize) {
+    let shadow = s.acceptance.shadow.take();
+    let mut accepted = 0;
+    loop {
+        let at = s.tokens.len();
+        if let Some(end) = next(s, be, bi + accepted, fast_forward, stats) {
+            return (Some(end), accepted);
+        }
+        let sampled = s.tokens[at];
+        if draft.is_empty() {
+            if let Some(x) = shadow {
+                s.acceptance.observe(sampled == x);
+            }
+            return (None, 0);
+        }
+        // forced tokens appended after it: the drafts no longer line up with the positions
+        if accepted == draft.len() || s.unemitted > 0 {
+            return (None, accepted);
+        }
+        let hit = sampled == draft[accepted];
+        s.acceptance.observe(hit);
+        if !hit {
+            return (None, accepted);
+        }
+        accepted += 1;
+        stats.draft_accepted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Appends the tokens the grammar forces, leaving room for one more token below the limit.
 fn force(s: &mut Seq, stats: &EngineStats) {
     let room = s.limit.saturating_sub(s.tokens.len() + 1);

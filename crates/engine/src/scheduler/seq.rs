@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use super::speculate::Acceptance;
 use super::InFlight;
 use crate::adapters::AdapterLease;
 use crate::grammar::Constraint;
@@ -61,6 +62,8 @@ pub(super) struct Seq {
     /// The request's place among slots + queue, given back by [`Seq::ended`] or when the
     /// sequence is dropped.
     pub permit: InFlight,
+    /// How often its drafts are accepted (`speculate.rs`).
+    pub acceptance: Acceptance,
 }
 
 impl Seq {
@@ -109,6 +112,9 @@ pub(super) struct Active {
     pub n_past: usize,
     /// Cell id of each position in [0, n_past) (scheduler accounting, see `kv.rs`).
     pub cells: Vec<u32>,
+    /// Draft tokens to verify after the pending one in this step (`speculate.rs`); empty
+    /// outside a step that drafts for it.
+    pub draft: Vec<i32>,
 }
 
 impl Active {

@@ -57,6 +57,9 @@ pub struct EngineStats {
     /// Tokens generated under a grammar, and of those the ones the grammar forced (fast-forward).
     pub(crate) constrained_tokens: AtomicU64,
     pub(crate) forced_tokens: AtomicU64,
+    /// Draft tokens verified (speculative decoding), and of those the ones accepted.
+    pub(crate) draft_tokens: AtomicU64,
+    pub(crate) draft_accepted: AtomicU64,
     /// Constrained sequences running now (each holds one matcher).
     pub(crate) constrained_running: AtomicU64,
     /// Bytes of those matchers' lexer tables (`Constraint::bytes`).
@@ -146,6 +149,8 @@ impl EngineStats {
             grammar_mask_micros: l(&self.grammar_mask_micros),
             constrained_tokens: l(&self.constrained_tokens),
             forced_tokens: l(&self.forced_tokens),
+            draft_tokens: l(&self.draft_tokens),
+            draft_accepted: l(&self.draft_accepted),
             constrained_running: l(&self.constrained_running),
             matcher_bytes: l(&self.matcher_bytes),
             classes: self.classes.each_ref().map(|c| ClassCounts {
@@ -242,6 +247,9 @@ pub struct StatsSnapshot {
     pub grammar_mask_micros: u64,
     pub constrained_tokens: u64,
     pub forced_tokens: u64,
+    /// Draft tokens verified by speculative decoding, and of those the ones accepted.
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
     pub constrained_running: u64,
     pub matcher_bytes: u64,
     /// Per priority class, in [`Class::ALL`] order.

@@ -78,6 +78,9 @@ impl Scheduler {
     /// One iteration. Returns false when there was nothing to run.
     pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
         let t0 = Instant::now();
+        let generated = self.stats.generated_tokens.load(Ordering::Relaxed);
+        let drafted = self.stats.draft_tokens.load(Ordering::Relaxed);
+        let accepted = self.stats.draft_accepted.load(Ordering::Relaxed);
         self.reap_cancelled(be);
         self.admit(be);
         let t_admit = t0.elapsed();
@@ -107,6 +110,7 @@ impl Scheduler {
             prefill,
             ran,
             decode,
+            drafts,
         } = t;
         if decodes == 0 {
             self.publish();
@@ -114,8 +118,17 @@ impl Scheduler {
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
+        self.spec.accepted(
+            self.stats.draft_tokens.load(Ordering::Relaxed) - drafted,
+            self.stats.draft_accepted.load(Ordering::Relaxed) - accepted,
+        );
         if !prefill {
-            self.steps.observe(seqs, dt);
+            if drafts == 0 {
+                self.steps.observe(seqs, dt);
+            }
+            self.rows.observe(tokens, dt);
+            let emitted = self.stats.generated_tokens.load(Ordering::Relaxed) - generated;
+            self.spec.observe(seqs, drafts > 0, emitted as usize, dt);
         }
         self.stats
             .last_step_micros
@@ -125,6 +138,7 @@ impl Scheduler {
                 target: "abserve_engine::step",
                 seqs,
                 tokens,
+                drafts,
                 runs,
                 decodes,
                 admit_ms = t_admit.as_secs_f64() * 1e3,
@@ -174,7 +188,8 @@ impl Scheduler {
         t.decodes += 1;
         t.seqs += plan.len();
         t.tokens += plan.iter().map(|p| p.n).sum::<usize>();
-        t.prefill |= plan.iter().any(|p| p.n != 1);
+        t.drafts += plan.iter().map(|p| p.draft).sum::<usize>();
+        t.prefill |= plan.iter().any(|p| p.n - p.draft != 1);
         // the step log's figures cost a sort per decode: only when it is on
         if log {
             t.runs += self.slot_runs(plan);
@@ -214,6 +229,7 @@ impl Scheduler {
                 n: 0,
                 first: 0,
                 logits: None,
+                draft: 0,
             })
             .collect();
         let err = GenerationError::Decode(format!("applying adapters {label}: {e}"));
@@ -280,8 +296,11 @@ struct Tally {
     decodes: usize,
     /// Runs of consecutive slots (counted only when the step log is on).
     runs: usize,
-    /// A batch held more than one token of a sequence (not a decode-only step).
+    /// A batch held more than one token of a sequence besides its drafts (not a decode-only
+    /// step).
     prefill: bool,
+    /// Draft tokens in the step's batches (`speculate.rs`).
+    drafts: usize,
     /// Nothing decoded, but batches failed (their sequences were told).
     ran: bool,
     /// Time in building batches, applying adapter sets and llama_decode (the rest of a step is

@@ -3,12 +3,14 @@
 //! output. The fake keeps llama.cpp's two KV layouts: one unified pool, or one fixed stream per
 //! sequence id where a prefix can only be given by copying a whole stream. `unified.rs` tests
 //! the unified pool, `split.rs` the split streams (the default), `gang.rs` group submissions,
-//! `classes.rs` priority classes, `grammar.rs` constrained sequences (masks, forced tokens).
+//! `classes.rs` priority classes, `grammar.rs` constrained sequences (masks, forced tokens),
+//! `speculate.rs` prompt-lookup drafts.
 
 mod adapters;
 mod classes;
 mod gang;
 mod grammar;
+mod speculate;
 mod split;
 mod unified;
 
@@ -66,6 +68,11 @@ struct Fake {
     applied: Vec<String>,
     /// Adapter lanes (`None`: one context).
     lanes: Option<crate::lane_split::Lanes>,
+    /// `Some(n)`: the next token is one of 6, from the last two tokens alone, except at every
+    /// n-th position where the position changes it too — output repeats what came before, so
+    /// prompt-lookup drafts are accepted, except across those positions (`None`: the next token
+    /// is a hash of the whole history).
+    markov: Option<usize>,
 }
 
 impl Fake {
@@ -88,6 +95,7 @@ impl Fake {
             adapter: vec![0],
             applied: vec![],
             lanes: None,
+            markov: None,
         }
     }
     fn split(slots: usize, per: usize) -> Self {
@@ -177,6 +185,22 @@ fn next_token(history: &[i32], eog: bool) -> i32 {
     }
 }
 
+/// The `markov` fake's next token after `history` (its last position `pos`).
+fn markov_token(history: &[i32], pos: usize, every: usize) -> i32 {
+    let mut last = history[history.len().saturating_sub(2)..].to_vec();
+    if pos % every == every - 1 {
+        last.push(pos as i32);
+    }
+    // mixed well (splitmix64's rounds): no pattern in the low bits for drafts to exploit
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for t in last {
+        h ^= t as u64;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    2 + (h % 6) as i32
+}
+
 impl Compute for Fake {
     fn batch_capacity(&self) -> usize {
         32
@@ -226,7 +250,11 @@ impl Compute for Fake {
         self.out_index.clear();
         for (bi, &(_, pos, seq, want)) in self.batch.iter().enumerate() {
             if want {
-                let t = next_token(&self.history(seq, pos), self.eog);
+                let h = self.history(seq, pos);
+                let t = match self.markov {
+                    None => next_token(&h, self.eog),
+                    Some(n) => markov_token(&h, pos, n),
+                };
                 let mut l = vec![0.0; VOCAB];
                 l[t as usize] = 10.0;
                 self.out_index.insert(bi, self.logits.len());
