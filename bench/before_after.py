@@ -136,7 +136,10 @@ def p99(xs):
 def start_abserve(extra):
     p = subprocess.Popen([str(ABSERVE), "serve", "--model", str(MODEL), "--port", "0", "--threads", "2",
                           "--model-id", "m", "--data-dir", tempfile.mkdtemp(prefix="abserve-bench-")] + extra,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                         stdout=subprocess.PIPE, text=True,
+                         # BENCH_SERVER_LOG: a file for the server's log (else it is dropped)
+                         stderr=open(os.environ["BENCH_SERVER_LOG"], "a") if os.environ.get("BENCH_SERVER_LOG")
+                         else subprocess.DEVNULL)
     for line in p.stdout:
         m = re.match(r"abserve: listening on (http://\S+)", line)
         if m:

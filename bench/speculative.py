@@ -26,6 +26,7 @@ llama.cpp's best on extraction; the ab workload ≥ 1.2× llama.cpp's server.
 """
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -137,6 +138,8 @@ def peer_settings(kind):
 
 
 ENGINES = ["abserve off", "abserve on", "llama none", "llama simple3", "llama simple", "llama mod"]
+if os.environ.get("ENGINES"):
+    ENGINES = os.environ["ENGINES"].split(",")
 
 
 def start(engine):
@@ -155,10 +158,28 @@ def one_run(run):
             tokens_of(base, extraction(99, False, model))
             for work in WORKLOADS:
                 for clients in CLIENTS:
-                    out[(engine, work, clients)] = measure(base, model, work, clients, run * 16)
+                    print(f"run {run}: {engine}, {work}, {clients} clients", file=sys.stderr, flush=True)
+                    try:
+                        out[(engine, work, clients)] = measure(base, model, work, clients, run * 16)
+                    except OSError as e:
+                        # a server that died (llama.cpp's n-gram speculators have): its cells
+                        # count as missing, said in the output
+                        FAILED.append(f"run {run}: {engine} on {work} at {clients} clients: {e}")
+                        out[(engine, work, clients)] = None
+                        p.poll() is not None and FAILED.append(f"  {engine} exited with {p.returncode}")
+                        stop(p)
+                        (p, base), model = start(engine)
         finally:
             stop(p)
     return out
+
+
+FAILED = []
+
+
+def med_of(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
 
 
 def main():
@@ -166,8 +187,9 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     runs = [one_run(r) for r in range(a.runs)]
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+    med = {k: med_of(r[k] for r in runs) for k in runs[0]}
+    spread = {k: (min((r[k] for r in runs if r[k] is not None), default=float("nan")),
+                  max((r[k] for r in runs if r[k] is not None), default=float("nan"))) for k in runs[0]}
     print(f"Decode tokens/s, medians of {a.runs} runs (min–max):\n")
     print("| workload | clients | " + " | ".join(ENGINES) + " | on/off | on/llama best | best llama |")
     print("|---|---|" + "---|" * (len(ENGINES) + 3))
@@ -175,13 +197,15 @@ def main():
         for c in CLIENTS:
             cells = [f"{med[(e, work, c)]:.1f} ({spread[(e, work, c)][0]:.0f}–{spread[(e, work, c)][1]:.0f})"
                      for e in ENGINES]
-            peers = {e: med[(e, work, c)] for e in ENGINES if e.startswith("llama")}
-            best = max(peers, key=peers.get)
+            peers = {e: med[(e, work, c)] for e in ENGINES if e.startswith("llama") and med[(e, work, c)] == med[(e, work, c)]}
+            best = max(peers, key=peers.get) if peers else "-"
             # ratios per run, then their median
-            r_off = statistics.median(r[("abserve on", work, c)] / r[("abserve off", work, c)] for r in runs)
-            r_peer = statistics.median(r[("abserve on", work, c)] / max(r[(e, work, c)] for e in peers)
-                                       for r in runs)
+            r_off = med_of(r[("abserve on", work, c)] / r[("abserve off", work, c)] for r in runs)
+            r_peer = med_of(r[("abserve on", work, c)] / max(r[(e, work, c)] or 0 for e in peers)
+                            if peers else None for r in runs)
             print(f"| {work} | {c} | " + " | ".join(cells) + f" | {r_off:.2f} | {r_peer:.2f} | {best} |")
+    for f in FAILED:
+        print("failed:", f)
     print("\nraw:", json.dumps({"|".join(map(str, k)): [r[k] for r in runs] for k in runs[0]}))
 
 

@@ -42,8 +42,9 @@ pub enum Speculation {
     /// Where the sequence's acceptance and the measured step throughput say it pays.
     #[default]
     Measured,
-    /// Where the sequence's acceptance says so, in every step (a device where verifying a few
-    /// more tokens costs next to nothing; tests, which must not depend on timings).
+    /// Where the sequence's acceptance says so (against [`P_MIN`]), in every step, with no step
+    /// timing deciding (a device where verifying a few more tokens costs next to nothing;
+    /// tests, which must not depend on timings).
     Always,
 }
 
@@ -124,20 +125,20 @@ impl Scheduler {
         if proposals.is_empty() {
             return;
         }
-        let drafts = match self.cfg.speculative {
-            Speculation::Always => true,
-            _ => self.spec.drafts(decoding),
-        };
+        // `Always`: no step timing decides (the acceptance alone, against `P_MIN`)
+        let always = self.cfg.speculative == Speculation::Always;
+        let drafts = always || self.spec.drafts(decoding);
         let mut free = if self.cfg.is_unified() {
             self.cfg.kv_cells.saturating_sub(self.demand())
         } else {
             usize::MAX
         };
         // a draft token must be accepted often enough to pay for its row at this batch size
-        let p_min = self
-            .rows
-            .row_share(decoding)
-            .map_or(P_MIN, |s| s.clamp(P_MIN, 1.0));
+        let p_min = match always {
+            true => None,
+            false => self.rows.row_share(decoding),
+        }
+        .map_or(P_MIN, |s| s.clamp(P_MIN, 1.0));
         for (idx, p) in proposals {
             let a = &mut self.running[idx];
             let k = if drafts {

@@ -6,6 +6,7 @@ use super::*;
 use crate::grammar::tests::json_vocab_of;
 use crate::grammar::{Constraint, Grammar, Grammars};
 use crate::request::GrammarOutcome;
+use crate::scheduler::Speculation;
 
 fn grammars() -> Grammars {
     Grammars::new(json_vocab_of(VOCAB), Default::default()).unwrap()
@@ -107,12 +108,30 @@ fn run_all(
     kv: usize,
     params: SamplingParams,
 ) -> (Vec<Answer>, u64) {
+    run_on(
+        n,
+        grammar,
+        ff,
+        Fake::new(kv),
+        SchedulerConfig::new(kv, 4, 256),
+        params,
+    )
+    .0
+}
+
+/// `run_all` on a given fake and configuration, with the engine's counters.
+fn run_on(
+    n: i32,
+    grammar: &Grammar,
+    ff: bool,
+    mut f: Fake,
+    mut cfg: SchedulerConfig,
+    params: SamplingParams,
+) -> ((Vec<Answer>, u64), StatsSnapshot) {
     let g = grammars();
-    let mut cfg = SchedulerConfig::new(kv, 4, 256);
     cfg.fast_forward = ff;
     let stats = Arc::new(EngineStats::default());
     let mut s = Scheduler::new(cfg, stats.clone());
-    let mut f = Fake::new(kv);
     f.eog = true;
     f.pieces = Some(pieces());
     let mut rxs: Vec<_> = (0..n)
@@ -123,7 +142,10 @@ fn run_all(
         .collect();
     run(&mut s, &mut f);
     let steps = stats.steps.load(Ordering::Relaxed);
-    (rxs.iter_mut().map(answer).collect(), steps)
+    (
+        (rxs.iter_mut().map(answer).collect(), steps),
+        stats.snapshot(),
+    )
 }
 
 #[test]
@@ -219,5 +241,49 @@ fn preempted_constrained_sequences_give_the_same_answers() {
     assert!(
         tight.iter().any(|a| a.done.preemptions > 0),
         "nothing was preempted"
+    );
+}
+
+#[test]
+fn constrained_sequences_draft_through_the_grammar_with_answers_unchanged() {
+    // the markov fake repeats itself, so drafts are proposed; the mask decides each token (a
+    // sequence with forced tokens pending does not draft: those are its free drafts)
+    let params = SamplingParams {
+        logprobs: Some(1),
+        ..SamplingParams::greedy(120)
+    };
+    // free choices at every position (nothing forced): the sequence drafts
+    let array = Grammar::Regex("[a-z0-9]{60}".into());
+    let runs: Vec<_> = [Speculation::Off, Speculation::Always]
+        .into_iter()
+        .map(|spec| {
+            let cfg = SchedulerConfig {
+                speculative: spec,
+                ..SchedulerConfig::split(4, 256, 256)
+            };
+            let f = Fake {
+                markov: Some(usize::MAX),
+                ..Fake::split(4, 256)
+            };
+            run_on(4, &array, true, f, cfg, params.clone())
+        })
+        .collect();
+    let ((plain, _), p) = &runs[0];
+    let ((drafted, _), d) = &runs[1];
+    for (a, b) in plain.iter().zip(drafted) {
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.text, b.text);
+        assert_eq!(a.logprobs, b.logprobs);
+        assert!(
+            b.text.len() == 60 && b.text.bytes().all(|c| c.is_ascii_alphanumeric()),
+            "{}",
+            b.text
+        );
+    }
+    assert_eq!(p.draft_tokens, 0);
+    assert!(
+        d.draft_accepted > 0,
+        "no draft accepted: {} drafted",
+        d.draft_tokens
     );
 }
