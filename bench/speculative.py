@@ -22,7 +22,8 @@ its defaults, `ngram-mod`); its best per cell is the peer. Both have 16 slots of
 Goals: abserve on ≥ 1.5× off single-stream on extraction; on ≥ 0.98× off everywhere; on ≥ 1.2×
 llama.cpp's best on extraction; the ab workload ≥ 1.2× llama.cpp's server.
 
-    .venv/bin/python bench/speculative.py [--runs 3]
+    .venv/bin/python bench/speculative.py [--runs 3] [--save runs.jsonl]
+    .venv/bin/python bench/speculative.py --report runs.jsonl
 """
 import argparse
 import json
@@ -185,12 +186,27 @@ def med_of(xs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--save", help="append each finished run to this file (JSON lines)")
+    ap.add_argument("--report", help="print the table of the runs saved in this file, run nothing")
     a = ap.parse_args()
-    runs = [one_run(r) for r in range(a.runs)]
+    if a.report:
+        runs = [{tuple(k.split("|")[:2]) + (int(k.split("|")[2]),): v for k, v in json.loads(line).items()}
+                for line in open(a.report)]
+    else:
+        runs = []
+        for r in range(a.runs):
+            runs.append(one_run(r))
+            if a.save:
+                with open(a.save, "a") as f:
+                    f.write(json.dumps({"|".join(map(str, k)): v for k, v in runs[-1].items()}) + "\n")
+    report(runs)
+
+
+def report(runs):
     med = {k: med_of(r[k] for r in runs) for k in runs[0]}
     spread = {k: (min((r[k] for r in runs if r[k] is not None), default=float("nan")),
                   max((r[k] for r in runs if r[k] is not None), default=float("nan"))) for k in runs[0]}
-    print(f"Decode tokens/s, medians of {a.runs} runs (min–max):\n")
+    print(f"Decode tokens/s, medians of {len(runs)} runs (min–max):\n")
     print("| workload | clients | " + " | ".join(ENGINES) + " | on/off | on/llama best | best llama |")
     print("|---|---|" + "---|" * (len(ENGINES) + 3))
     for work in WORKLOADS:
