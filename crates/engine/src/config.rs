@@ -199,7 +199,12 @@ impl EngineConfig {
         s.max_itl = (self.max_itl_ms > 0.0).then(|| Duration::from_secs_f64(self.max_itl_ms / 1e3));
         s.admission_control = self.admission_control;
         s.fast_forward = self.fast_forward;
-        s.speculative = self.speculative;
+        // draft rows are bit-identical to one-token decodes only on flash attention's per-row
+        // path (without it a sequence's several rows take other kernels: docs/engine.md)
+        s.speculative = match self.flash_attention {
+            true => self.speculative,
+            false => Speculation::Off,
+        };
         s.adapter_turn = self.adapter_turn;
         s.lanes = plan.lanes as usize;
         if !self.prefix_sharing {

@@ -17,6 +17,9 @@
 //!   the scheduler's table), so accounting stays equal to what the model holds.
 //! - Drafts never reach past the sequence's limit, the batch capacity or (unified cache) the
 //!   free cells; a sequence with forced tokens not yet computed does not draft.
+//! - Only where draft rows compute what one-token decodes would, bit for bit: not under a LoRA
+//!   adapter, not without flash attention (`config.rs`); measured by the engine's reference
+//!   tests against llama.cpp (`tests/reference.rs`, `tests/adapters.rs`), which part otherwise.
 //!
 //! When it pays ([`SpecModel`]): per sequence, the measured acceptance rate of its drafts (also
 //! measured while it does not draft: the draft it would have made is compared with the token
@@ -107,7 +110,12 @@ impl Scheduler {
                 continue;
             }
             decoding += 1;
-            if self.cfg.speculative == Speculation::Off || a.seq.unemitted > 0 {
+            // under an adapter several rows of a sequence round differently (llamafile's sgemm
+            // for the F32 LoRA matrices from 4 rows): such a sequence does not draft
+            if self.cfg.speculative == Speculation::Off
+                || a.seq.unemitted > 0
+                || !self.sets[a.seq.adapters as usize].is_base()
+            {
                 continue;
             }
             // the drafts and the token sampled after them stay within the limit and, with split
