@@ -161,6 +161,9 @@ pub struct Experiment {
     /// A bandit's periods and winner, as the server wrote them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandit_state: Option<abserve_statistics::bandit::BanditState>,
+    /// Sampled conversations kept for review (`[experiment.samples]`; off without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<crate::SampleRules>,
     pub variants: Vec<Variant>,
 }
 
@@ -308,6 +311,9 @@ impl Experiment {
             ));
         }
         self.validate_variants()?;
+        if let Some(e) = self.samples.as_ref().and_then(|s| s.check().err()) {
+            return bad(e);
+        }
         let mut guarded = std::collections::HashSet::new();
         for g in &self.guardrails {
             if g.metric.is_empty() || !(g.tolerance.is_finite() && g.tolerance >= 0.0) {

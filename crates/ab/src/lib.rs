@@ -9,6 +9,7 @@
 //! - `variant`: a variant applied to a conversation, an input or a dataset row, and its sampling;
 //! - `store`: SQLite (embedded default) or PostgreSQL (shared by replicas) through sqlx, versioned
 //!   migrations, idempotent event batches, results aggregated by the database;
+//! - `samples`: which units' conversations are kept, for how long, and their redaction;
 //! - `guardrail`: the guardrail decision for every active treatment of an experiment;
 //! - `testing`: fresh stores on both backends for tests.
 
@@ -17,6 +18,7 @@ mod experiment;
 mod fanout;
 mod guardrail;
 mod ratio_rules;
+mod samples;
 mod store;
 pub mod testing;
 mod variant;
@@ -29,8 +31,9 @@ pub use experiment::{
 pub use fanout::{utc_day, SPEND_CAP_HELP};
 pub use guardrail::check as check_guardrails;
 pub use store::{
-    next_bandit, Adjusted, Analysis, Database, Exposure, HistoryPoint, MetricResult, OutcomeEvent,
+    next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, Sample, SampleQuery, Exposure, HistoryPoint, MetricResult, OutcomeEvent,
     RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError, VariantResult,
     VariantState, CHANNEL,
 };
+pub use samples::{asked_json, Redactor, SampleRules};
 pub use variant::{Asked, Prompt, VariantError};

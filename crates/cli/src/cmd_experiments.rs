@@ -49,6 +49,17 @@ pub enum ExperimentsCommand {
     },
     /// Delete an experiment from the store (its exposures and events stay).
     Delete { name: String },
+    /// Write an experiment's sampled conversations as a dataset `abserve eval` takes as it is
+    /// (JSON lines: id, input, unit, variant, sampled_answer), newest first.
+    Samples {
+        name: String,
+        /// The dataset file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Only this variant's samples.
+        #[arg(long)]
+        variant: Option<String>,
+    },
 }
 
 pub fn run(a: ExperimentsArgs) -> anyhow::Result<()> {
@@ -118,8 +129,46 @@ async fn show(command: ExperimentsCommand, at: Location) -> anyhow::Result<()> {
         ExperimentsCommand::Delete { name } => {
             crate::cmd_experiments_create::delete(store, &name).await?
         }
+        ExperimentsCommand::Samples { name, out, variant } => {
+            export_samples(&store, &name, &out, variant).await?
+        }
         ExperimentsCommand::Create { .. } => anyhow::bail!("create is run by `run`"),
     }
+    Ok(())
+}
+
+/// Writes every sample of `name` (of `variant`) to `out` as dataset rows; says how many.
+async fn export_samples(
+    store: &Store,
+    name: &str,
+    out: &std::path::Path,
+    variant: Option<String>,
+) -> anyhow::Result<()> {
+    if store.experiment(name).await?.is_none() {
+        anyhow::bail!("no experiment named '{name}'");
+    }
+    let mut q = abserve_ab::SampleQuery {
+        variant,
+        limit: Some(500),
+        ..Default::default()
+    };
+    let mut text = String::new();
+    let mut n = 0;
+    loop {
+        let page = store.samples(name, &q).await?;
+        for s in &page {
+            text.push_str(&s.dataset_row().to_string());
+            text.push('\n');
+        }
+        n += page.len();
+        match page.last() {
+            Some(last) if page.len() == 500 => q.before = Some(last.id),
+            _ => break,
+        }
+    }
+    std::fs::write(out, text)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
+    eprintln!("{n} samples of '{name}' written to {}", out.display());
     Ok(())
 }
 

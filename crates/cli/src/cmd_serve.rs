@@ -1,10 +1,11 @@
 //! `abserve serve`: the OpenAI-compatible HTTP server over one shared engine.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use abserve_engine::QueueLimit;
-use abserve_server::{AbState, AppState, ServerConfig};
+use abserve_server::{AbState, AppState, Keys, ServerConfig};
 use clap::Args;
 
 use crate::args::ModelArgs;
@@ -27,9 +28,14 @@ pub struct ServeArgs {
     /// Seconds a request may wait for admission before a 429.
     #[arg(long, default_value_t = 30.0)]
     pub queue_timeout: f64,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/*: an admin key (see --keys for roles).
     #[arg(long, env = "ABSERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Keys with roles (TOML, `[[key]]` tables with `role` = inference, reviewer or admin, and
+    /// `key` or its `sha256`; optional `name`, `service_tier`), re-read when the file changes
+    /// or on SIGHUP. See docs/keys.md.
+    #[arg(long)]
+    pub keys: Option<std::path::PathBuf>,
     /// Name clients use in `model` [default: the GGUF file name without extension].
     #[arg(long)]
     pub model_id: Option<String>,
@@ -102,7 +108,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("{name} must be a positive number of seconds, got {v}");
         }
     }
-    // a bad experiments file or an unreachable store is an error before any model work
+    // a bad keys or experiments file or an unreachable store is an error before any model work
+    let keys = Arc::new(Keys::new(a.api_key.clone(), a.keys.clone()).map_err(anyhow::Error::msg)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -120,7 +127,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let context = registry.default_entry().capacity().context;
     let config = ServerConfig {
         queue_timeout: Duration::from_secs_f64(a.queue_timeout),
-        api_key: a.api_key.filter(|k| !k.is_empty()),
+        keys,
         body_limit: a.body_limit,
         max_prompt_tokens: a.max_prompt_tokens.unwrap_or(context - 1).min(context - 1),
         ready_cache: Duration::from_secs(2),

@@ -82,21 +82,19 @@ pub struct Summary {
     pub generated_tokens: u64,
     pub wall_seconds: f64,
     pub peak_memory_bytes: Option<u64>,
-    /// Share of judged pairs in which the judge picked the answer shown first ("A"). Far from
-    /// 0.5, its verdicts follow the position, not the answers (the randomised order then makes
-    /// the win rates drift to 50%).
+    /// Share of the judge's replies that picked the answer shown first ("A"): far from 0.5, it
+    /// follows the position, not the answers.
     pub judge_chose_first: Option<f64>,
+    /// Share of pairs whose two orders gave the same verdict (only those count: `judge.rs`).
+    pub judge_agreement: Option<f64>,
 }
 
-/// A note on the judge when it mostly picks one position.
+/// A note on the judge: how often its two orders agreed, and its position bias when strong.
 pub fn judge_warning(s: &Summary) -> Option<String> {
-    let r = s.judge_chose_first?;
-    (!(0.2..=0.8).contains(&r)).then(|| {
-        format!(
-            "The judge picked the answer shown first in {:.0}% of pairs: its verdicts follow the position, not the answers, so win rates near 50% say nothing here. Use a stronger judge (url/model in the judge scorer).",
-            r * 100.0
-        )
-    })
+    let first = s.judge_chose_first?;
+    let agreed = s.judge_agreement.map(|a| format!("The judge's two orders agreed on {:.0}% of pairs; only those verdicts count. ", a * 100.0));
+    let bias = (!(0.2..=0.8).contains(&first)).then(|| format!("It picked the answer shown first in {:.0}% of its replies: it follows the position, not the answers. Use a stronger judge (url/model in the judge scorer).", first * 100.0));
+    (agreed.is_some() || bias.is_some()).then(|| agreed.unwrap_or_default() + &bias.unwrap_or_default())
 }
 
 /// Wilson score interval (95%) of a pass rate: stays inside [0, 1] and is sensible at 0 or n.
@@ -176,15 +174,8 @@ pub fn summarize_run(
         generated_tokens: results.values().map(|r| r.completion_tokens).sum(),
         wall_seconds: run.wall_seconds,
         peak_memory_bytes: run.peak_memory_bytes,
-        judge_chose_first: {
-            let letters: Vec<char> = judgments
-                .values()
-                .filter_map(|j| j.reply.as_deref().and_then(crate::judge::choice))
-                .collect();
-            (!letters.is_empty()).then(|| {
-                letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64
-            })
-        },
+        judge_chose_first: crate::judge::position_stats(judgments.values()).0,
+        judge_agreement: crate::judge::position_stats(judgments.values()).1,
     }
 }
 
@@ -548,6 +539,7 @@ mod tests {
                     control: "c".into(),
                     variant_position: if i % 2 == 0 { "A" } else { "B" }.into(),
                     reply: Some("A".into()),
+                    reply_swapped: None,
                     verdict: Some(if i % 2 == 0 {
                         Verdict::Win
                     } else {

@@ -47,7 +47,7 @@ pub struct ScorerDef {
     pub model: Option<String>,
     /// judge: the question asked; sees `input`, `a`, `b` and the row's fields.
     pub prompt: Option<String>,
-    /// judge: seed of the order randomisation.
+    /// judge: the seed of the judge's requests (both orders are asked, greedily).
     pub seed: Option<u64>,
 }
 

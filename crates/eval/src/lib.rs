@@ -30,6 +30,7 @@ mod scorers;
 mod target;
 
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
+pub use judge::both_orders;
 pub use config::{EvalConfig, ScorerKind};
 pub use dataset::Dataset;
 pub use error::{EvalError, ScoreError};

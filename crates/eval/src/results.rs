@@ -47,6 +47,9 @@ pub enum Verdict {
     Win,
     Loss,
     Tie,
+    /// The two orders gave different verdicts: the judge followed the position, not the
+    /// answers; counted in no win rate.
+    Inconsistent,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -54,9 +57,12 @@ pub struct Judgment {
     pub row: String,
     pub variant: String,
     pub control: String,
-    /// Where the variant's answer was shown: "A" or "B" (random per pair).
+    /// Where the variant's answer was shown: "both" (asked in both orders: `reply` with the
+    /// variant as "A", `reply_swapped` with it as "B"); "A" or "B" in logs of earlier versions.
     pub variant_position: String,
     pub reply: Option<String>,
+    #[serde(default)]
+    pub reply_swapped: Option<String>,
     /// The variant against control; `None` when the judge could not be asked.
     pub verdict: Option<Verdict>,
     pub error: Option<String>,
@@ -144,7 +150,7 @@ pub fn tally(js: &BTreeMap<(String, String), Judgment>, variant: &str) -> (u64, 
             Some(Verdict::Win) => t.0 += 1,
             Some(Verdict::Loss) => t.1 += 1,
             Some(Verdict::Tie) => t.2 += 1,
-            None => {}
+            Some(Verdict::Inconsistent) | None => {}
         }
     }
     t

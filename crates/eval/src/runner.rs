@@ -441,7 +441,8 @@ fn unjudged<'a>(
             };
             if judged
                 .get(&(row.id.clone(), v.id.clone()))
-                .is_some_and(|j| j.verdict.is_some())
+                // judged in both orders (a judgment of an earlier, one-order version is asked again)
+                .is_some_and(|j| j.verdict.is_some() && j.reply_swapped.is_some())
             {
                 continue;
             }
@@ -456,7 +457,8 @@ fn unjudged<'a>(
     pairs
 }
 
-/// The judge's verdict on one pair, shown in the seeded order of the row and variant.
+/// The judge's verdict on one pair, asked in both orders (the variant's answer as "A", then as
+/// "B"); a verdict only when both agree (`judge::both_orders`).
 async fn judge_one(
     target: &Target,
     prompt: &str,
@@ -464,31 +466,34 @@ async fn judge_one(
     p: Pair<'_>,
     max_overloaded: u32,
 ) -> Judgment {
-    let first = judge::variant_first(seed, &p.row.id, &p.variant);
-    let (a, b) = if first {
-        (&p.variant_out, &p.control_out)
-    } else {
-        (&p.control_out, &p.variant_out)
-    };
     let mut j = Judgment {
         row: p.row.id.clone(),
-        variant: p.variant,
-        control: p.control,
-        variant_position: if first { "A" } else { "B" }.into(),
+        variant: p.variant.clone(),
+        control: p.control.clone(),
+        variant_position: "both".into(),
         reply: None,
+        reply_swapped: None,
         verdict: None,
         error: None,
     };
-    match judge::question(prompt, p.row, a, b) {
-        Ok(call) => match ask(target, &call, max_overloaded).await.0 {
-            Ok(g) => {
-                j.verdict = Some(judge::verdict(&g.text, first));
-                j.reply = Some(g.text);
+    let orders = [(&p.variant_out, &p.control_out), (&p.control_out, &p.variant_out)];
+    let mut replies = Vec::with_capacity(2);
+    for (a, b) in orders {
+        let asked = match judge::question(prompt, p.row, (a, b), seed) {
+            Ok(call) => ask(target, &call, max_overloaded).await.0.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match asked {
+            Ok(g) => replies.push(g.text),
+            Err(e) => {
+                j.error = Some(e);
+                return j;
             }
-            Err(e) => j.error = Some(e.to_string()),
-        },
-        Err(e) => j.error = Some(e.to_string()),
+        }
     }
+    j.verdict = Some(judge::both_orders(&replies[0], &replies[1]));
+    j.reply_swapped = replies.pop();
+    j.reply = replies.pop();
     j
 }
 

@@ -101,6 +101,10 @@ pub struct Fanout {
     pub experiment: String,
     pub input: String,
     pub results: Vec<FanoutResult>,
+    /// The id every variant's sample of this input shares, when the experiment samples it
+    /// (`samples`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_id: Option<String>,
 }
 
 /// `POST /v1/experiments/{name}/events`: what was taken.

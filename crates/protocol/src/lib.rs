@@ -12,6 +12,7 @@
 //!   between `abserve eval --amqp` and `abserve worker`;
 //! - [`Structure`]: what an answer must be (`response_format`, tools);
 //! - [`Class`]: a request's priority class (`service_tier`);
+//! - [`Role`]: what an API key may do (`--keys`);
 //! - [`ChatMessage`], [`Sampling`]: the inputs of a generation that requests, variants, eval
 //!   calls and the engine's preparation stage share.
 //!
@@ -21,6 +22,7 @@ mod class;
 mod client;
 mod inputs;
 mod prometheus;
+mod role;
 mod sse;
 mod structure;
 
@@ -35,6 +37,7 @@ pub use class::Class;
 pub use client::{normalize_base, ChatOutcome, Client, ClientError, StreamTiming};
 pub use inputs::{Adapter, ChatMessage, Sampling};
 pub use prometheus::{parse as parse_prometheus, Samples};
+pub use role::Role;
 pub use sse::{SseDecoder, SseEvent};
 pub use structure::{
     FunctionCall, FunctionCallDelta, FunctionDef, JsonSchemaFormat, NamedFunction, NamedTool,

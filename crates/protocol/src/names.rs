@@ -36,6 +36,8 @@ pub const GENERATION_ERRORS: &str = "abserve_generation_errors_total";
 pub const EXPERIMENT_SRM_P_VALUE: &str = "abserve_experiment_srm_p_value";
 /// Store writes that failed (disk full, unwritable, busy), by operation: exposure, events, experiment.
 pub const STORE_ERRORS: &str = "abserve_store_errors_total";
+/// Sampled conversations by outcome: written, queue_full, daily_cap, store_error.
+pub const SAMPLES: &str = "abserve_samples_total";
 pub const REQUESTS_RUNNING: &str = "abserve_requests_running";
 pub const REQUESTS_WAITING: &str = "abserve_requests_waiting";
 pub const REQUESTS_HELD_FOR_LATENCY: &str = "abserve_requests_held_for_latency";

@@ -46,6 +46,9 @@ class ApiError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 let config = { auth_required: false };
+// the key's name and role (GET /v1/me), asked once per key: the page shows what the role may see
+let who = null;
+const isAdmin = () => who && who.role === 'admin';
 
 async function api(path, opts = {}) {
   const headers = { Accept: 'application/json' };
@@ -58,6 +61,7 @@ async function api(path, opts = {}) {
   try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
   if (r.status === 401) {
     sessionStorage.removeItem(KEY);
+    who = null;
     showKeyForm('That API key was refused.');
     throw new ApiError(401, 'API key required');
   }
@@ -73,10 +77,11 @@ function showKeyForm(message) {
   const form = h('form', { class: 'card', id: 'key-form', on: { submit: (ev) => {
     ev.preventDefault();
     sessionStorage.setItem(KEY, input.value.trim());
+    who = null;
     route();
   } } },
   h('h2', {}, 'API key'),
-  h('p', { class: 'muted' }, 'This server was started with --api-key. The key is kept in this browser tab only (sessionStorage).'),
+  h('p', { class: 'muted' }, 'This server asks for an API key (--api-key or --keys). What the page shows depends on the key\'s role. The key is kept in this browser tab only (sessionStorage).'),
   message ? h('p', { class: 'failure' }, message) : null,
   h('div', { class: 'row' }, input, h('button', { type: 'submit' }, 'Use key')));
   main().replaceChildren(form);
@@ -181,7 +186,7 @@ async function listPage() {
   main().replaceChildren(
     h('h1', {}, 'Experiments'),
     list.data.length ? h('div', { class: 'card scroll' }, table)
-      : h('p', { class: 'card' }, 'No experiments yet. ', h('a', { href: '#/new' }, 'Create one'), '.'));
+      : h('p', { class: 'card' }, 'No experiments yet.', isAdmin() ? [' ', h('a', { href: '#/new' }, 'Create one'), '.'] : null));
 }
 
 // ---------- an experiment ----------
@@ -385,7 +390,7 @@ async function experimentPage(name) {
     Object.keys(r.variants[0].metrics).map((m) => h('option', { value: m, selected: m === metric }, m)));
   const variantSelect = h('select', { id: 'chart-variant', 'aria-label': 'variant in the chart', on: { change: (ev) => { chosen.variant = ev.target.value; rerender(); } } },
     treatments.map((v) => h('option', { value: v, selected: v === variant }, v)));
-  const actions = h('div', { class: 'row', id: 'actions' },
+  const actions = !isAdmin() ? null : h('div', { class: 'row', id: 'actions' },
     e.status !== 'running' ? h('button', { type: 'button', on: { click: () => setStatus(e, 'running').then(rerender, failure) } }, e.status === 'paused' ? 'Resume' : 'Restart') : null,
     e.status === 'running' ? h('button', { type: 'button', class: 'secondary', on: { click: () => setStatus(e, 'paused').then(rerender, failure) } }, 'Pause') : null,
     e.status !== 'stopped' ? h('button', { type: 'button', class: 'secondary', on: { click: () => setStatus(e, 'stopped').then(rerender, failure) } }, 'Stop') : null);
@@ -393,7 +398,8 @@ async function experimentPage(name) {
     'Sample ratio check: χ² ' + num(r.srm.chi2) + ', p ' + num(r.srm.p_value) + (r.srm.mismatch ? ' — MISMATCH: the split differs from the weights; check assignment and logging before reading results.' : ' — ok'))
     : h('p', { id: 'srm', class: 'muted' }, 'Sample ratio check: not enough units yet.');
   main().replaceChildren(
-    h('h1', {}, name, ' ', h('span', { class: 'badge ' + e.status, id: 'status' }, e.status)),
+    h('h1', {}, name, ' ', h('span', { class: 'badge ' + e.status, id: 'status' }, e.status),
+      e.samples ? [' ', h('a', { href: '#/review/' + encodeURIComponent(name), id: 'review-link', class: 'muted' }, 'review samples')] : null),
     h('div', { class: 'card' }, actions, srm,
       h('p', { class: 'muted', id: 'analysis' }, 'Control: ' + r.control + '. One observation per ' + (r.analysis || 'unit') +
         (r.analysis === 'request' ? ' (requests of one unit are not independent: read with care)' : ' (a unit\'s latency, tokens and errors are the mean over its requests)') +
@@ -405,8 +411,8 @@ async function experimentPage(name) {
     r.bandit ? h('div', { class: 'card' }, h('h2', {}, 'Bandit'), banditTable(r.bandit)) : null,
     h('div', { class: 'card' }, h('h2', {}, 'Serving per variant'), h('div', { class: 'scroll' }, performanceTable(r, e))),
     h('div', { class: 'card' }, h('h2', {}, 'KV cache share'), h('p', { id: 'kv-share', 'data-experiment': name, 'data-share': e.max_kv_share }, kvShare(name, e.max_kv_share))),
-    h('div', { class: 'card' }, h('h2', {}, 'Weights'), weightsForm(e, rerender)),
-    h('div', { class: 'card' }, h('h2', {}, 'Recent exposures'), h('p', { class: 'muted' }, 'Prompts and answers are never stored, so none are shown.'),
+    isAdmin() ? h('div', { class: 'card' }, h('h2', {}, 'Weights'), weightsForm(e, rerender)) : null,
+    h('div', { class: 'card' }, h('h2', {}, 'Recent exposures'), h('p', { class: 'muted' }, e.samples ? 'Prompts and answers of sampled units are on the review page.' : 'Prompts and answers are not stored for this experiment (it has no [experiment.samples]).'),
       h('div', { class: 'scroll' }, exposuresTable(exp.exposures))));
 }
 
@@ -483,16 +489,35 @@ function idle() {
   return !a || a === document.body || a === main() || !main().contains(a);
 }
 
+// Who the key is, shown in the header; the links and pages its role may not use are left out.
+async function identify() {
+  if (who) return;
+  who = await api('/v1/me');
+  const el = document.getElementById('who');
+  el.replaceChildren(who ? h('span', { 'data-role': who.role }, who.name + ' (' + who.role + ')') : '',
+    config.auth_required ? h('button', { type: 'button', class: 'secondary', id: 'change-key', on: { click: () => { sessionStorage.removeItem(KEY); who = null; showKeyForm(); } } }, 'Change key') : null);
+  document.getElementById('new-link').hidden = !isAdmin();
+}
+
+function inferenceOnly() {
+  main().replaceChildren(h('div', { class: 'card', id: 'no-access' }, h('h2', {}, 'Nothing to show for this key'),
+    h('p', {}, 'The key ' + who.name + ' has the role inference: it may call models and post events, not read experiments. Use a reviewer or admin key.')));
+}
+
 async function route() {
   stopTimers();
   if (needKey()) { showKeyForm(); return; }
   const hash = location.hash || '#/';
   try {
-    if (hash.startsWith('#/e/')) {
+    await identify();
+    if (who && who.role === 'inference') { inferenceOnly(); return; }
+    if (hash.startsWith('#/review/')) {
+      await reviewPage(decodeURIComponent(hash.slice(9)));
+    } else if (hash.startsWith('#/e/')) {
       const name = decodeURIComponent(hash.slice(4));
       await experimentPage(name);
       timers.push(setInterval(() => { if (idle()) experimentPage(name).catch(failure); }, 5000));
-    } else if (hash === '#/new') {
+    } else if (hash === '#/new' && isAdmin()) {
       newPage();
     } else {
       await listPage();
@@ -512,4 +537,5 @@ async function start() {
   route();
 }
 
-start();
+// after every deferred script (review.js) has run
+document.addEventListener('DOMContentLoaded', start);

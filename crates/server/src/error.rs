@@ -67,6 +67,12 @@ impl ApiError {
         e.code = Some("invalid_api_key");
         e
     }
+    /// A key whose role may not call the route (the message names the role it needs).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::FORBIDDEN, "permission_error", message);
+        e.code = Some("insufficient_role");
+        e
+    }
     pub fn model_not_found(model: &str) -> Self {
         let mut e = Self::new(
             StatusCode::NOT_FOUND,

@@ -12,7 +12,8 @@
 //! pages, the operations routes), `health` (`/health`, `/ready`, `/metrics`), `metrics` and
 //! `model_metrics` (Prometheus), `serve` (listening, draining), `start` (the models of a
 //! process), `body` (a JSON body parsed once), `prep` (the blocking pool's share for
-//! preparation), `auth`, `error` (OpenAI's error shape), `openapi`. No model code here. See
+//! preparation), `keys` (API keys and their roles), `auth` (who may call which route; the audit
+//! log), `error` (OpenAI's error shape), `openapi`. No model code here. See
 //! docs/architecture.md.
 
 mod adapter_metrics;
@@ -22,6 +23,7 @@ mod error;
 mod experiments;
 mod health;
 mod inference;
+mod keys;
 mod metrics;
 mod model_metrics;
 mod openapi;
@@ -34,6 +36,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use keys::{Caller, Keys};
 pub use error::ApiError;
 pub use experiments::{AbState, ControlPlane};
 pub use metrics::Metrics;

@@ -21,6 +21,8 @@ pub struct Metrics {
     device: Option<(Arc<dyn abserve_engine::device::Device>, [IntGauge; 3])>,
     pub requests_total: IntCounterVec,
     pub store_errors: IntCounterVec,
+    /// Sampled conversations by outcome (`experiments::samples`).
+    pub samples: IntCounterVec,
     pub generation_errors: IntCounterVec,
     pub experiment_srm: GaugeVec,
     /// Treatments stopped by guardrails, and per experiment the variants stopped now.
@@ -228,6 +230,7 @@ fn register_device(
 struct Labelled {
     rejections_total: IntCounterVec,
     store_errors: IntCounterVec,
+    samples: IntCounterVec,
     generation_errors: IntCounterVec,
     experiment_srm: GaugeVec,
 }
@@ -250,7 +253,13 @@ impl Labelled {
             names::STORE_ERRORS,
             "Experiment-store writes that failed (disk full, unwritable, busy), by operation",
             "operation",
-            &["exposure", "events", "experiment"],
+            &["exposure", "events", "experiment", "audit", "samples"],
+        )?;
+        let samples = reg.known(
+            names::SAMPLES,
+            "Sampled conversations, by outcome: written, or dropped (queue_full, daily_cap, store_error)",
+            "outcome",
+            &["written", "queue_full", "daily_cap", "store_error"],
         )?;
         let generation_errors = reg.known(
             names::GENERATION_ERRORS,
@@ -273,6 +282,7 @@ impl Labelled {
         Ok(Labelled {
             rejections_total,
             store_errors,
+            samples,
             generation_errors,
             experiment_srm,
         })
@@ -296,6 +306,7 @@ impl Metrics {
         let Labelled {
             rejections_total,
             store_errors,
+            samples,
             generation_errors,
             experiment_srm,
         } = Labelled::register(&reg, &registry)?;
@@ -304,6 +315,7 @@ impl Metrics {
             generation_errors,
             experiment_srm,
             store_errors,
+            samples,
             requests_total: reg.counters(names::REQUESTS, "HTTP requests by endpoint and status code", &["endpoint", "status"])?,
             rejections_total,
             guardrail_stops: reg.counter(names::GUARDRAIL_STOPS, "Treatments stopped by a guardrail (significantly worse than control on a guardrail metric)")?,

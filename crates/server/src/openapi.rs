@@ -18,8 +18,8 @@ use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::OpenApi;
 
-use crate::experiments::{dashboard, routes as experiments};
-use crate::health;
+use crate::experiments::{audit, dashboard, routes as experiments, samples};
+use crate::{auth, health};
 use crate::inference::{api, fanout};
 
 #[derive(OpenApi)]
@@ -43,6 +43,12 @@ use crate::inference::{api, fanout};
         dashboard::engine,
         dashboard::history,
         dashboard::exposures,
+        audit::audit_log,
+        samples::list,
+        samples::export,
+        samples::review,
+        samples::erase,
+        auth::me,
         health::health,
         health::ready,
         health::metrics,
@@ -86,9 +92,10 @@ use crate::inference::{api, fanout};
 struct ApiDoc;
 
 /// The statuses any route may answer with OpenAI's error body, and why.
-const ERRORS: [(&str, &str); 9] = [
+const ERRORS: [(&str, &str); 10] = [
     ("400", "invalid request (the message and `param` say what)"),
     ("401", "missing or wrong API key"),
+    ("403", "the key's role may not call this route (the message names the role it needs)"),
     ("404", "unknown model, experiment or path"),
     ("405", "method not allowed on this path"),
     ("413", "body larger than --body-limit"),

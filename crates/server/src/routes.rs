@@ -1,6 +1,8 @@
 //! The routes: `/v1` (OpenAI API and experiments, behind the API key), health, readiness and
 //! metrics; axum's own plain-text rejections rewritten into OpenAI's error shape.
 //!
+//! Who may call which `/v1` route: `auth` (keys with roles, 401/403, the audit log).
+//!
 //! Every matched request is counted in `abserve_requests_total` under its route *template*
 //! (`chat_completions`, `experiments_name_events`, ...), never its raw path; requests no route
 //! matches share the label `unmatched`, so no client can grow the metrics.
@@ -34,12 +36,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/models", get(api::models))
+        .route("/me", get(auth::me))
         .route("/experiments/{name}/fanout", post(fanout::fanout))
         .with_state(state.clone());
     let v1 = inference
         .merge(experiments::api(control.clone()))
         .route_layer(from_fn(require_json))
-        .route_layer(from_fn_with_state(state.clone(), auth::require_key));
+        .route_layer(from_fn_with_state(state.clone(), auth::authorize));
     let operations = Router::new()
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))

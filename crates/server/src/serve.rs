@@ -30,6 +30,7 @@ pub async fn serve(
     on_bound(listener.local_addr()?);
     state.spawn_drain_meter();
     state.experiments.spawn();
+    reload_keys_on_sighup(state.config.keys.clone());
     let app = router(state.clone());
     let mut http = Builder::new(TokioExecutor::new());
     http.http1()
@@ -186,6 +187,20 @@ async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize)
             );
         }
     }
+}
+
+/// SIGHUP reads the keys file again (it is also read again whenever it changes).
+fn reload_keys_on_sighup(keys: Arc<crate::keys::Keys>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("SIGHUP cannot be watched: the keys file is read again only when it changes");
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            // the outcome is logged by `reload`
+            let _ = keys.reload();
+        }
+    });
 }
 
 async fn signal() {

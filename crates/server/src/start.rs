@@ -58,7 +58,7 @@ impl ServerConfig {
     pub fn operations() -> ServerConfig {
         ServerConfig {
             queue_timeout: Duration::from_secs(30),
-            api_key: None,
+            keys: std::sync::Arc::new(crate::keys::Keys::open()),
             body_limit: 0,
             max_prompt_tokens: 0,
             ready_cache: Duration::from_secs(2),

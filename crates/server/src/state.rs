@@ -16,7 +16,9 @@ use crate::prep::Prep;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub queue_timeout: Duration,
-    pub api_key: Option<String>,
+    /// The keys callers present under `/v1` and their roles (`--api-key`, `--keys`); open
+    /// without either.
+    pub keys: Arc<crate::keys::Keys>,
     pub body_limit: usize,
     /// Longest prompt accepted, in tokens (besides the context limit).
     pub max_prompt_tokens: usize,
@@ -65,7 +67,7 @@ impl AppState {
             models.clone(),
             metrics.clone(),
             config.guardrail_interval,
-            config.api_key.is_some(),
+            config.keys.required(),
             prep.clone(),
         );
         Arc::new(AppState {

@@ -27,6 +27,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use audit::AuditEntry;
+pub use samples::{Erased, Sample, SampleQuery};
 pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
 pub use results::{
@@ -82,6 +84,9 @@ pub struct Exposure {
     /// The priority class the request ran in (`None`: recorded before classes existed).
     #[serde(default)]
     pub service_tier: Option<abserve_protocol::Class>,
+    /// The answer's id (its sample's too, when sampled).
+    #[serde(default)]
+    pub request_id: Option<String>,
 }
 
 /// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
@@ -125,7 +130,9 @@ macro_rules! on_pool {
 }
 
 // after the macro, which it uses
+mod audit;
 mod bandit;
+mod samples;
 mod spend;
 
 fn now() -> f64 {
@@ -287,15 +294,15 @@ impl Store {
     }
 
     pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
-        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
         let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         let prompt = x.prompt_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         on_pool!(self, p => sqlx::query(q)
             .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
             .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
             .bind(x.constrained).bind(x.grammar_complete).bind(prompt).bind(x.cost)
-            .bind(x.service_tier.map(|c| c.as_str()))
+            .bind(x.service_tier.map(|c| c.as_str())).bind(&x.request_id)
             .execute(p).await?.rows_affected());
         Ok(())
     }
@@ -307,7 +314,7 @@ impl Store {
         experiment: &str,
         limit: u32,
     ) -> Result<Vec<RecordedExposure>, StoreError> {
-        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier FROM exposures
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id FROM exposures
                  WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
         type Row = (
             f64,
@@ -322,6 +329,7 @@ impl Store {
             Option<bool>,
             Option<i64>,
             Option<f64>,
+            Option<String>,
             Option<String>,
         );
         let rows: Vec<Row> = on_pool!(self, p => sqlx::query_as(q).bind(experiment).bind(limit as i64).fetch_all(p).await?);
@@ -342,6 +350,7 @@ impl Store {
                     prompt,
                     cost,
                     tier,
+                    request_id,
                 )| {
                     RecordedExposure {
                         at,
@@ -360,6 +369,7 @@ impl Store {
                             service_tier: tier.and_then(|t| {
                                 abserve_protocol::Class::from_tier(&t).ok().flatten()
                             }),
+                            request_id,
                         },
                     }
                 },

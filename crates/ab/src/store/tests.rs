@@ -33,6 +33,7 @@ fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
         prompt_tokens: None,
         cost: None,
         service_tier: None,
+        request_id: None,
     }
 }
 
@@ -69,6 +70,8 @@ on_both!(
 
 // what answers of models with prices cost (issue 43)
 mod cost;
+// sampled conversations and the audit log (issue 45)
+mod samples;
 
 /// A unit of a sends 3 requests (latencies 10, 20, 60), another 1 (100); b's two units 1 each.
 /// Per unit (the default) a's latency is the mean of the units' means, (30 + 100) / 2, over 2
@@ -137,7 +140,7 @@ async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fre
     let e = exp();
     {
         let s = f.store().await;
-        assert_eq!(s.schema_version().await.unwrap(), 6);
+        assert_eq!(s.schema_version().await.unwrap(), 8);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
         assert_eq!(
@@ -209,6 +212,7 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
         prompt_tokens: None,
         cost: None,
         service_tier: None,
+        request_id: None,
     };
     s.record_exposure("aa", &forced).await.unwrap();
     s.record_events(
@@ -425,7 +429,7 @@ async fn a_store_from_before_sqlx_keeps_its_rows() {
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
-    assert_eq!(s.schema_version().await.unwrap(), 6);
+    assert_eq!(s.schema_version().await.unwrap(), 8);
     f.drop().await;
 }
 

@@ -61,6 +61,7 @@ pub fn exposure(unit: &str, variant: &str) -> abserve_ab::Exposure {
         prompt_tokens: None,
         cost: None,
         service_tier: None,
+        request_id: None,
     }
 }
 

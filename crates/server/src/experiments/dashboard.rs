@@ -5,8 +5,9 @@
 //!   and waiting sequences, token counters, each experiment's KV cells against its quota);
 //! - `GET /v1/experiments/{name}/history?points=N`: the results over the first k, 2k, … units
 //!   (for the chart of the estimate and its interval over units);
-//! - `GET /v1/experiments/{name}/exposures?limit=N`: the latest exposures (no prompt text: the
-//!   store never keeps it).
+//! - `GET /v1/experiments/{name}/exposures?limit=N`: the latest exposures (no prompt text; an
+//!   experiment with `samples` keeps its sampled conversations apart: `samples`, and the review
+//!   page `review.js`).
 //!
 //! The pages themselves carry no data, so they are served without a key; every data route is
 //! under `/v1` and follows its API-key rule. The page's Content-Security-Policy allows only its
@@ -27,6 +28,7 @@ use crate::error::ApiError;
 
 const INDEX: &str = include_str!("../../dashboard/index.html");
 const SCRIPT: &str = include_str!("../../dashboard/app.js");
+const REVIEW: &str = include_str!("../../dashboard/review.js");
 const STYLE: &str = include_str!("../../dashboard/app.css");
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -50,6 +52,10 @@ pub async fn index() -> Response {
 
 pub async fn script() -> Response {
     asset(SCRIPT, "text/javascript; charset=utf-8")
+}
+
+pub async fn review_script() -> Response {
+    asset(REVIEW, "text/javascript; charset=utf-8")
 }
 
 pub async fn style() -> Response {

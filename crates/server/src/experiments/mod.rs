@@ -12,14 +12,19 @@
 //! - `check`: a variant checked as the request it will produce, by the model it names;
 //! - `routes`: the HTTP routes of definitions, events and results;
 //! - `periodic`: the one task that reads each experiment's results once per pass;
-//! - `dashboard`: the page and the JSON it reads.
+//! - `dashboard`: the page and the JSON it reads;
+//! - `samples`: sampled conversations — the bounded queue, the redacting writer, reading,
+//!   erasure of a unit, the retention sweep;
+//! - `audit`: the audit log (admin actions, reads of stored conversations), written and read.
 
+pub(crate) mod audit;
 mod check;
 pub(crate) mod dashboard;
 mod live;
 mod periodic;
 pub(crate) mod routes;
 mod routing;
+pub(crate) mod samples;
 mod spend;
 
 use std::sync::Arc;
@@ -32,7 +37,7 @@ use axum::Router;
 
 pub use check::variant as check_variant;
 pub use live::AbState;
-pub use routing::Routed;
+pub use routing::{Answer, Routed};
 pub use spend::Held;
 
 use crate::error::ApiError;
@@ -53,6 +58,8 @@ pub struct ControlPlane {
     /// The dashboard asks for a key first.
     pub auth_required: bool,
     pub started: Instant,
+    /// Sampled conversations on their way to the store (with a store).
+    pub(crate) samples: Option<samples::SampleQueue>,
     prep: Arc<Prep>,
 }
 
@@ -65,7 +72,11 @@ impl ControlPlane {
         auth_required: bool,
         prep: Arc<Prep>,
     ) -> Arc<ControlPlane> {
+        let samples = ab
+            .as_ref()
+            .map(|ab| samples::SampleQueue::new(ab.store().clone(), metrics.clone()));
         let cp = Arc::new(ControlPlane {
+            samples,
             ab,
             models,
             metrics,
@@ -172,6 +183,11 @@ pub fn api(cp: Arc<ControlPlane>) -> Router {
         .route("/experiments/{name}/history", get(dashboard::history))
         .route("/experiments/{name}/exposures", get(dashboard::exposures))
         .route("/engine", get(dashboard::engine))
+        .route("/audit", get(audit::audit_log))
+        .route("/experiments/{name}/samples", get(samples::list))
+        .route("/experiments/{name}/samples/export", get(samples::export))
+        .route("/experiments/{name}/samples/{id}/review", axum::routing::post(samples::review))
+        .route("/units/{unit}", axum::routing::delete(samples::erase))
         .with_state(cp)
 }
 
@@ -180,6 +196,7 @@ pub fn pages(cp: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/", get(dashboard::index))
         .route("/dashboard/app.js", get(dashboard::script))
+        .route("/dashboard/review.js", get(dashboard::review_script))
         .route("/dashboard/app.css", get(dashboard::style))
         .route("/dashboard/config.json", get(dashboard::config))
         .with_state(cp)

@@ -18,6 +18,9 @@
 //!   `abserve_guardrail_stops_total` (alert rule in deploy/prometheus) and
 //!   `abserve_experiment_variants_stopped`, and shown in `/results` and the dashboard.
 //!
+//! - **retention**: sampled conversations older than their experiment's `retention_days` are
+//!   deleted (`samples::sweep_samples`).
+//!
 //! A pass whose store read fails leaves the last values and tries again at the next.
 
 use std::collections::HashSet;
@@ -54,6 +57,10 @@ impl ControlPlane {
                     }
                     pass(&st, ab, &e, &r, running).await;
                 }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                st.sweep_samples(now).await;
             }
         });
     }

@@ -2,9 +2,11 @@
 //! ([`ControlPlane::route`]: by its unit's hash, sticky for a bandit, the control for a stopped
 //! variant's bucket or a unit outside the experiment; `X-Abserve-Variant` forces one), and its
 //! outcome is recorded as an exposure ([`ControlPlane::record`], committed before the answer
-//! goes out).
+//! goes out) and, for a sampled unit, queued as a sample (`samples`).
 
-use abserve_ab::{Experiment, Status};
+use std::sync::Arc;
+
+use abserve_ab::{Experiment, SampleRules, Status};
 use abserve_engine::Class;
 use abserve_engine::Completion;
 use abserve_statistics::assign;
@@ -25,6 +27,20 @@ pub struct Routed {
     /// The priority class the request runs in (the request's own, else the experiment's, else
     /// the route's default: `api.rs`), recorded in its exposure.
     pub class: Class,
+    /// The answer's id (set by the inference API), recorded in its exposure and sample.
+    pub request_id: String,
+    /// Its experiment's sampling rules when this unit's conversations are sampled.
+    pub sampled: Option<Arc<SampleRules>>,
+    /// What a sampled request asked (`abserve_ab::asked_json`; set by the inference API).
+    pub asked: Option<serde_json::Value>,
+}
+
+/// What a routed request was answered (its first choice), for its sample.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    pub text: String,
+    /// Tool calls parsed from it, as OpenAI's `tool_calls`.
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 impl ControlPlane {
@@ -41,6 +57,7 @@ impl ControlPlane {
             .map_err(|_| ApiError::model_not_found(&format!("experiment:{name}")))?;
         let unit = unit(&e);
         let control = e.control_index();
+        let sampled_rules = sampled(&e, unit.as_deref());
         if let Some(f) = forced {
             let i = e.variants.iter().position(|v| v.id == f).ok_or_else(|| {
                 ApiError::invalid_param(
@@ -56,6 +73,9 @@ impl ControlPlane {
                 record: true,
                 kv_share: e.max_kv_share,
                 class: e.service_tier.unwrap_or_default(),
+                request_id: String::new(),
+                sampled: sampled_rules,
+                asked: None,
             };
             return Ok((e, i, routed));
         }
@@ -83,6 +103,10 @@ impl ControlPlane {
             record: assigned.is_some() && !stopped,
             kv_share: e.max_kv_share,
             class: e.service_tier.unwrap_or_default(),
+            request_id: String::new(),
+            // a unit outside the experiment (the control served, nothing recorded) is not sampled
+            sampled: sampled_rules.filter(|_| assigned.is_some() && !stopped),
+            asked: None,
         };
         Ok((e, i, routed))
     }
@@ -93,10 +117,12 @@ impl ControlPlane {
         routed: &Routed,
         d: Option<&Completion>,
         error: Option<String>,
+        answer: Option<Answer>,
     ) -> Result<(), ApiError> {
         let (Some(ab), true) = (self.ab.as_ref(), routed.record) else {
             return Ok(());
         };
+        self.offer_sample(routed, d, error.clone(), answer);
         let x = abserve_ab::Exposure {
             variant: routed.variant.clone(),
             unit: routed.unit.clone().unwrap_or_default(),
@@ -110,6 +136,7 @@ impl ControlPlane {
             prompt_tokens: d.map(|d| d.prompt_tokens as u64),
             cost: d.and_then(|d| d.cost),
             service_tier: Some(routed.class),
+            request_id: Some(routed.request_id.clone()).filter(|r| !r.is_empty()),
         };
         let r = ab.record_exposure(routed.experiment.clone(), x).await;
         if let Err(e) = &r {
@@ -121,6 +148,54 @@ impl ControlPlane {
             self.metrics.store_error("exposure");
         }
         r
+    }
+}
+
+/// The experiment's sampling rules when `unit` is sampled.
+fn sampled(e: &Experiment, unit: Option<&str>) -> Option<Arc<SampleRules>> {
+    let (rules, unit) = (e.samples.as_ref()?, unit?);
+    rules.sampled(e.seed(), unit).then(|| Arc::new(rules.clone()))
+}
+
+impl ControlPlane {
+    /// Queues the sample of a sampled routed request (dropped, counted, when the queue is full).
+    fn offer_sample(
+        &self,
+        routed: &Routed,
+        d: Option<&Completion>,
+        error: Option<String>,
+        answer: Option<Answer>,
+    ) {
+        let (Some(q), Some(rules), Some(asked)) = (&self.samples, &routed.sampled, &routed.asked)
+        else {
+            return;
+        };
+        let answer = answer.unwrap_or_default();
+        let mut response = serde_json::json!({"text": answer.text});
+        if let Some(calls) = answer.tool_calls {
+            response["tool_calls"] = calls;
+        }
+        let sample = abserve_ab::Sample {
+            id: 0,
+            experiment: routed.experiment.clone(),
+            variant: routed.variant.clone(),
+            unit: routed.unit.clone().unwrap_or_default(),
+            request_id: routed.request_id.clone(),
+            input_id: None,
+            at: 0.0,
+            request: asked.clone(),
+            response,
+            finish_reason: d.map(|d| d.finish_reason.as_str().to_string()),
+            error,
+            prompt_tokens: d.map(|d| d.prompt_tokens as u64),
+            output_tokens: d.map(|d| d.completion_tokens as u64),
+            latency_ms: d.map(|d| d.total_time.as_secs_f64() * 1e3),
+            review: None,
+        };
+        q.offer(super::samples::Pending {
+            sample,
+            rules: rules.clone(),
+        });
     }
 }
 

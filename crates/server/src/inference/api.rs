@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
 use super::admission::{admit_group, GroupOf};
 use super::body_rules::{
@@ -20,7 +20,9 @@ use super::body_rules::{
     placement_of, PromptInput,
 };
 use super::request::{Kind, ValidRequest};
-use super::respond::{collect_response, now_secs, stream_response};
+use super::respond::{collect_response, now_secs};
+use super::stream::stream_response;
+use crate::keys::Caller;
 use crate::error::ApiError;
 use crate::experiments::Routed;
 use crate::state::AppState;
@@ -121,10 +123,14 @@ fn resolve(
 }
 
 /// The request's priority class and `priority`: its own `service_tier` and `priority`, else its
-/// experiment's class, else interactive (the OpenAI routes' default); written into its routing,
-/// which its exposure records.
-fn classify(common: &Common, routed: &mut Option<Routed>) -> Result<(Class, i32), ApiError> {
-    let default = routed.as_ref().map_or(Class::Interactive, |r| r.class);
+/// key's class (`--keys`), else its experiment's class, else interactive (the OpenAI routes'
+/// default); written into its routing, which its exposure records.
+fn classify(
+    common: &Common,
+    key_class: Option<Class>,
+    routed: &mut Option<Routed>,
+) -> Result<(Class, i32), ApiError> {
+    let default = key_class.unwrap_or(routed.as_ref().map_or(Class::Interactive, |r| r.class));
     let (class, priority) = placement_of(common.service_tier.as_deref(), common.priority, default)?;
     if let Some(r) = routed {
         r.class = class;
@@ -132,13 +138,40 @@ fn classify(common: &Common, routed: &mut Option<Routed>) -> Result<(Class, i32)
     Ok((class, priority))
 }
 
+/// Gives a routed request its answer's id and, when its unit is sampled, what it asks the
+/// model (after the variant) and its `input` as the client sent it (the last user message, or
+/// the completions prompt: what an eval replays), for its exposure and sample.
+fn note_routed(
+    routed: &mut Option<Routed>,
+    id: &str,
+    (input, asked): (&str, &Asked),
+    model_id: &str,
+) {
+    if let Some(r) = routed {
+        r.request_id = id.to_string();
+        if r.sampled.is_some() {
+            let mut v = abserve_ab::asked_json(asked, model_id);
+            v["input"] = serde_json::Value::String(input.to_string());
+            r.asked = Some(v);
+        }
+    }
+}
+
 fn chat_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
+    key_class: Option<Class>,
 ) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_openai(body)?;
     let messages = chat_messages(&req)?;
+    // the last user message as the client sent it (a sampled request's `input`)
+    let input = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(|m| m.content.clone())
+        .unwrap_or_default();
     let n = n_choices(req.common.n)?;
     let (sampling, options) = request_sampling(&req.common, u32::MAX, chat_logprobs(&req)?);
     let asked = Asked {
@@ -147,7 +180,9 @@ fn chat_request(
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, &mut routed)?;
+    let (class, priority) = classify(&req.common, key_class, &mut routed)?;
+    let id = Kind::Chat.id();
+    note_routed(&mut routed, &id, (&input, &asked), &state.models.at(model_index).id);
     let Prompt::Chat(messages) = &asked.prompt else {
         return Err(ApiError::internal(
             "a variant turned a conversation into text",
@@ -161,6 +196,7 @@ fn chat_request(
         state.config.max_prompt_tokens,
     )?;
     Ok(ValidRequest {
+        id,
         seqs: vec![p; n],
         n,
         model,
@@ -179,6 +215,7 @@ fn completion_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
+    key_class: Option<Class>,
 ) -> Result<ValidRequest, ApiError> {
     let req: CompletionRequest = parse_openai(body)?;
     let n = n_choices(req.common.n)?;
@@ -203,12 +240,14 @@ fn completion_request(
         _ => String::new(),
     };
     let asked = Asked {
-        prompt: Prompt::Text(first),
+        prompt: Prompt::Text(first.clone()),
         sampling,
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, &mut routed)?;
+    let (class, priority) = classify(&req.common, key_class, &mut routed)?;
+    let id = Kind::Text.id();
+    note_routed(&mut routed, &id, (&first, &asked), &state.models.at(model_index).id);
     if let (Some(_), Prompt::Text(text)) = (&routed, &asked.prompt) {
         prompts = vec![PromptInput::Text(text.clone())];
     }
@@ -224,6 +263,7 @@ fn completion_request(
         seqs.extend(std::iter::repeat_n(p, n));
     }
     Ok(ValidRequest {
+        id,
         seqs,
         n,
         model,
@@ -242,9 +282,15 @@ fn completion_request(
 #[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest, responses(
     (status = 200, description = "the answer; with `stream: true`, server-sent `chat.completion.chunk` events ending with `[DONE]`", content((abserve_protocol::wire::Response = "application/json"), (abserve_protocol::abserve::SseEvent = "text/event-stream")))
 ))]
-pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn chat(
+    State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key_class = caller.and_then(|c| c.0.class);
     let r = match state
-        .off_thread(move |st| chat_request(st, &body, &headers))
+        .off_thread(move |st| chat_request(st, &body, &headers, key_class))
         .await
     {
         Ok(req) => run(state.clone(), req).await,
@@ -259,11 +305,13 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
 ))]
 pub async fn completions(
     State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let key_class = caller.and_then(|c| c.0.class);
     let r = match state
-        .off_thread(move |st| completion_request(st, &body, &headers))
+        .off_thread(move |st| completion_request(st, &body, &headers, key_class))
         .await
     {
         Ok(req) => run(state.clone(), req).await,

@@ -3,7 +3,8 @@
 //! of its variants or none), answered with counts, timings and cost. Variants that cost money
 //! can answer a share of the inputs (`fanout_rate`: the others are `skipped`) and be refused
 //! past a daily spend cap (`daily_spend_cap`: held before the answer, settled after it;
-//! `experiments::spend`).
+//! `experiments::spend`). An input the experiment's `samples` select (by the input's hash) is
+//! kept as one sample per answering variant, all under one `input_id`.
 
 use std::sync::Arc;
 
@@ -45,13 +46,16 @@ pub(crate) struct FanoutBody {
 pub async fn fanout(
     State(state): State<Arc<AppState>>,
     UrlPath(name): UrlPath<String>,
+    caller: Option<axum::Extension<crate::keys::Caller>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let e = state.experiments.find(&name)?;
     let exp = e.clone();
+    let key_class = caller.and_then(|c| c.0.class);
     let (input, requests, (class, priority)) = state
-        .off_thread(move |st| fanout_requests(st, &exp, &body))
+        .off_thread(move |st| fanout_requests(st, &exp, &body, key_class))
         .await?;
+    let asked = sample_requests(&state, &e, &input, &requests);
     let mut results: Vec<FanoutResult> = e
         .variants
         .iter()
@@ -104,6 +108,7 @@ pub async fn fanout(
     for (k, held) in holds {
         held.settle(results[k].cost).await;
     }
+    let input_id = offer_samples(&state, &e, &input, &asked, &results);
     // admission rank of each variant that ran (0 = admitted first)
     let mut idx: Vec<usize> = (0..orders.len()).collect();
     idx.sort_by_key(|&i| orders[i]);
@@ -114,6 +119,7 @@ pub async fn fanout(
         experiment: e.name,
         input,
         results,
+        input_id,
     })
     .into_response())
 }
@@ -174,14 +180,18 @@ async fn admit_by_model(
 /// The sequence of every variant of `exp` that answers the fan-out body's input (its
 /// `fanout_rate`), prepared by the variant's model as a chat request routed to that variant
 /// would be (an unset `max_tokens` is clamped to the room the context leaves), beside the
-/// variant's position and its model's in the registry; and the fan-out's class and `priority`.
+/// variant's position and its model's in the registry; and the fan-out's class and `priority`
+/// (its `service_tier`, else its key's class, else `fanout`).
 fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
+    key_class: Option<Class>,
 ) -> Result<(String, Vec<(usize, usize, Prepared)>, (Class, i32)), ApiError> {
     let b: FanoutBody = crate::body::parse_body(body)?;
-    let class = placement_of(b.service_tier.as_deref(), b.priority, Class::Fanout)?;
+    // its own service_tier, else its key's class, else fan-out's
+    let default = key_class.unwrap_or(Class::Fanout);
+    let class = placement_of(b.service_tier.as_deref(), b.priority, default)?;
     let defaults = Sampling {
         temperature: Some(1.0),
         ..Default::default()
@@ -215,6 +225,86 @@ fn fanout_requests(
         requests.push((k, model, p));
     }
     Ok((b.input, requests, class))
+}
+
+/// What each variant is asked, for the samples of an input the experiment samples (none
+/// otherwise).
+fn sample_requests(
+    state: &AppState,
+    e: &Experiment,
+    input: &str,
+    requests: &[(usize, usize, Prepared)],
+) -> Vec<(usize, serde_json::Value)> {
+    if !e.samples.as_ref().is_some_and(|r| r.sampled(e.seed(), input)) {
+        return vec![];
+    }
+    requests
+        .iter()
+        .map(|(k, m, _)| (*k, asked_of(e, *k, input, &state.models.at(*m).id)))
+        .collect()
+}
+
+/// What variant `k` is asked for `input`, as a sample records it.
+fn asked_of(e: &Experiment, k: usize, input: &str, model_id: &str) -> serde_json::Value {
+    let asked = Asked {
+        prompt: Prompt::Chat(vec![ChatMessage::new("user", input)]),
+        sampling: Sampling {
+            temperature: Some(1.0),
+            ..Default::default()
+        },
+        structure: Structure::default(),
+    };
+    // applied once already by fanout_requests (which refused the fan-out if it failed)
+    let mut v = e.variants[k]
+        .apply(asked)
+        .map(|a| abserve_ab::asked_json(&a, model_id))
+        .unwrap_or_default();
+    v["input"] = serde_json::Value::String(input.to_string());
+    v
+}
+
+/// Queues every answering variant's sample of a fan-out input the experiment samples (by the
+/// input's hash), all under one input id, which is answered.
+fn offer_samples(
+    state: &AppState,
+    e: &Experiment,
+    input: &str,
+    asked: &[(usize, serde_json::Value)],
+    results: &[FanoutResult],
+) -> Option<String> {
+    let rules = e.samples.as_ref().filter(|r| r.sampled(e.seed(), input))?;
+    let queue = state.experiments.samples.as_ref()?;
+    let rules = std::sync::Arc::new(rules.clone());
+    let input_id = format!("fanout-{:016x}", rand::random::<u64>());
+    for (k, request) in asked {
+        let r = &results[*k];
+        let mut response = serde_json::json!({"text": r.output.clone().unwrap_or_default()});
+        if let Some(calls) = r.tool_calls.as_ref().and_then(|c| serde_json::to_value(c).ok()) {
+            response["tool_calls"] = calls;
+        }
+        let sample = abserve_ab::Sample {
+            id: 0,
+            experiment: e.name.clone(),
+            variant: r.variant.clone(),
+            unit: String::new(),
+            request_id: format!("{input_id}-{}", r.variant),
+            input_id: Some(input_id.clone()),
+            at: 0.0,
+            request: request.clone(),
+            response,
+            finish_reason: r.finish_reason.clone(),
+            error: r.error.clone(),
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.completion_tokens,
+            latency_ms: r.latency_ms,
+            review: None,
+        };
+        queue.offer(crate::experiments::samples::Pending {
+            sample,
+            rules: rules.clone(),
+        });
+    }
+    Some(input_id)
 }
 
 /// One variant's side of a fan-out: its answer with counts and timings, or its error.

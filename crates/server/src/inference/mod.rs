@@ -5,7 +5,7 @@
 //! (`body_rules`) → for `experiment:NAME`, routed to a variant by the control plane
 //! (`crate::experiments::ControlPlane::route`) and the variant applied → each sequence prepared
 //! by the registry's model (`abserve_models::Model::prepare`) into a `request::ValidRequest` →
-//! admitted as one group (`admission`) → answered whole or streamed (`respond`, tool calls read
+//! admitted as one group (`admission`) → answered whole (`respond`) or streamed (`stream`, tool calls read
 //! from the text by `tool_calls`) → the outcome recorded by the control plane.
 //!
 //! - `api`: the routes `/v1/chat/completions`, `/v1/completions`, `/v1/models`;
@@ -17,4 +17,5 @@ pub(crate) mod body_rules;
 pub(crate) mod fanout;
 mod request;
 mod respond;
+mod stream;
 mod tool_calls;

@@ -17,6 +17,8 @@ pub(crate) enum Kind {
 /// process: tokens checked against the context, sampling parameters checked), and how to
 /// answer it.
 pub(crate) struct ValidRequest {
+    /// The answer's id (`chatcmpl-…`, `cmpl-…`), which its exposure and sample carry too.
+    pub id: String,
     /// One per choice: `n` per prompt, prompts in order.
     pub seqs: Vec<Prepared>,
     /// Choices per prompt (`n`).

@@ -7,6 +7,8 @@ mod engine_death;
 mod experiments;
 mod fake;
 mod ops;
+mod roles;
+mod samples;
 mod structured;
 
 use std::path::PathBuf;
@@ -58,6 +60,16 @@ async fn app_of(
     device: Option<Arc<abserve_engine::device::FakeDevice>>,
     others: Vec<abserve_models::Entry>,
 ) -> App {
+    app_keyed(experiments, device, others, crate::keys::Keys::open()).await
+}
+
+/// [`app_of`] whose `/v1` routes take the keys `keys`.
+async fn app_keyed(
+    experiments: Option<&str>,
+    device: Option<Arc<abserve_engine::device::FakeDevice>>,
+    others: Vec<abserve_models::Entry>,
+    keys: crate::keys::Keys,
+) -> App {
     let ctl = Arc::new(Control::default());
     let fake = Fake::with_device(ctl.clone(), device);
     let stats = Arc::new(abserve_engine::EngineStats::default());
@@ -70,7 +82,7 @@ async fn app_of(
     .unwrap();
     let config = ServerConfig {
         queue_timeout: Duration::from_secs(5),
-        api_key: None,
+        keys: Arc::new(keys),
         body_limit: 1 << 20,
         max_prompt_tokens: 400,
         ready_cache: Duration::ZERO,

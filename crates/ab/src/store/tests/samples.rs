@@ -1,0 +1,133 @@
+//! Sampled conversations and the audit log (issue 45), on both backends: samples written and
+//! read back by every filter, newest first and paged; the retention delete; a unit erased in one
+//! experiment or all; audit entries newest first.
+
+use super::*;
+use crate::{AuditEntry, Sample, SampleQuery};
+
+on_both!(
+    samples_read_back_by_every_filter_newest_first,
+    old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_experiment,
+    audit_entries_read_back_newest_first,
+);
+
+fn sample(experiment: &str, variant: &str, unit: &str, text: &str, error: Option<&str>) -> Sample {
+    Sample {
+        id: 0,
+        experiment: experiment.into(),
+        variant: variant.into(),
+        unit: unit.into(),
+        request_id: format!("chatcmpl-{unit}-{variant}"),
+        input_id: None,
+        at: 0.0,
+        request: serde_json::json!({"model": "m", "messages": [{"role": "user", "content": format!("question of {unit}")}]}),
+        response: serde_json::json!({"text": text}),
+        finish_reason: Some(if error.is_some() { "error" } else { "stop" }.into()),
+        error: error.map(str::to_string),
+        prompt_tokens: Some(12),
+        output_tokens: Some(3),
+        latency_ms: Some(40.5),
+        review: None,
+    }
+}
+
+async fn samples_read_back_by_every_filter_newest_first(f: &Fresh) {
+    let s = f.store().await;
+    let mut fan = sample("aa", "b", "u3", "Bonjour 50%_off", None);
+    fan.input_id = Some("in-1".into());
+    s.record_samples(&[
+        sample("aa", "a", "u1", "Hello there", None),
+        sample("aa", "b", "u2", "", Some("the engine stopped")),
+        fan,
+        sample("other", "a", "u1", "Hello elsewhere", None),
+    ])
+    .await
+    .unwrap();
+    let read = |q: SampleQuery| {
+        let s = s.clone();
+        async move {
+            let got = s.samples("aa", &q).await.unwrap();
+            got.iter().map(|x| x.unit.clone()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(read(SampleQuery::default()).await, ["u3", "u2", "u1"]);
+    let q = |f: fn(&mut SampleQuery)| {
+        let mut q = SampleQuery::default();
+        f(&mut q);
+        q
+    };
+    assert_eq!(read(q(|q| q.variant = Some("b".into()))).await, ["u3", "u2"]);
+    assert_eq!(read(q(|q| q.error = Some(true))).await, ["u2"]);
+    assert_eq!(read(q(|q| q.error = Some(false))).await, ["u3", "u1"]);
+    assert_eq!(read(q(|q| q.finish_reason = Some("stop".into()))).await, ["u3", "u1"]);
+    assert_eq!(read(q(|q| q.q = Some("HELLO".into()))).await, ["u1"]);
+    assert_eq!(read(q(|q| q.q = Some("question of u2".into()))).await, ["u2"]);
+    // LIKE's wildcards are searched as text
+    assert_eq!(read(q(|q| q.q = Some("50%_".into()))).await, ["u3"]);
+    assert_eq!(read(q(|q| q.q = Some("0%o".into()))).await, Vec::<String>::new());
+    assert_eq!(read(q(|q| q.input_id = Some("in-1".into()))).await, ["u3"]);
+    assert_eq!(read(q(|q| q.unit = Some("u1".into()))).await, ["u1"]);
+    assert_eq!(read(q(|q| q.limit = Some(2))).await, ["u3", "u2"]);
+    let all = s.samples("aa", &SampleQuery::default()).await.unwrap();
+    let mut next = SampleQuery::default();
+    next.before = Some(all[1].id);
+    assert_eq!(read(next).await, ["u1"]);
+    let u1 = &all[2];
+    assert_eq!(u1.request["messages"][0]["content"], "question of u1");
+    assert_eq!(u1.response["text"], "Hello there");
+    assert_eq!((u1.prompt_tokens, u1.output_tokens, u1.latency_ms), (Some(12), Some(3), Some(40.5)));
+    assert_eq!(u1.request_id, "chatcmpl-u1-a");
+    assert!(u1.at > 1.7e9);
+}
+
+async fn old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_experiment(f: &Fresh) {
+    let s = f.store().await;
+    s.record_samples(&[sample("aa", "a", "u1", "x", None), sample("aa", "a", "u2", "y", None)])
+        .await
+        .unwrap();
+    let now = now();
+    assert_eq!(s.delete_samples_before("aa", now - 60.0).await.unwrap(), 0);
+    assert_eq!(s.delete_samples_before("other", now + 60.0).await.unwrap(), 0);
+    assert_eq!(s.delete_samples_before("aa", now + 60.0).await.unwrap(), 2);
+
+    for e in ["aa", "bb"] {
+        s.record_samples(&[sample(e, "a", "u1", "x", None), sample(e, "a", "u2", "y", None)])
+            .await
+            .unwrap();
+        s.record_exposure(e, &exposure("a", "u1", 1.0)).await.unwrap();
+        s.record_exposure(e, &exposure("a", "u2", 1.0)).await.unwrap();
+        s.record_events(e, None, &[event("u1", "m", 1.0), event("u1", "m", 2.0), event("u2", "m", 1.0)])
+            .await
+            .unwrap();
+    }
+    let one = s.erase_unit("u1", Some("aa")).await.unwrap();
+    assert_eq!((one.samples, one.exposures, one.events), (1, 1, 2));
+    let rest = s.erase_unit("u1", None).await.unwrap();
+    assert_eq!((rest.samples, rest.exposures, rest.events), (1, 1, 2));
+    assert_eq!(s.erase_unit("u1", None).await.unwrap(), crate::Erased::default());
+    // u2 untouched
+    for e in ["aa", "bb"] {
+        assert_eq!(s.samples(e, &SampleQuery::default()).await.unwrap().len(), 1);
+        assert_eq!(s.units(e).await.unwrap().values().sum::<u64>(), 1);
+    }
+}
+
+async fn audit_entries_read_back_newest_first(f: &Fresh) {
+    let s = f.store().await;
+    for (who, status) in [("ops", 201), ("api-key", 409)] {
+        let e = AuditEntry {
+            at: 0.0,
+            who: who.into(),
+            role: "admin".into(),
+            method: "POST".into(),
+            path: "/v1/experiments".into(),
+            status,
+        };
+        s.record_audit(&e).await.unwrap();
+    }
+    let log = s.audit(10).await.unwrap();
+    let got: Vec<(&str, u16)> = log.iter().map(|e| (e.who.as_str(), e.status)).collect();
+    assert_eq!(got, [("api-key", 409), ("ops", 201)]);
+    assert!(log[0].at >= log[1].at && log[1].at > 1.7e9);
+    assert_eq!(s.audit(1).await.unwrap().len(), 1);
+}
