@@ -30,10 +30,10 @@ pub use experiment::{
 };
 pub use fanout::{utc_day, SPEND_CAP_HELP};
 pub use guardrail::check as check_guardrails;
-pub use store::{
-    next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, Sample, SampleQuery, Exposure, HistoryPoint, MetricResult, OutcomeEvent,
-    RatioParts, RecordedExposure, Results, Store, StoreCondition, StoreError, VariantResult,
-    VariantState, CHANNEL,
-};
 pub use samples::{asked_json, Redactor, SampleRules};
+pub use store::{
+    next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, Exposure, HistoryPoint,
+    MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Sample, SampleQuery, Store,
+    StoreCondition, StoreError, VariantResult, VariantState, CHANNEL,
+};
 pub use variant::{Asked, Prompt, VariantError};

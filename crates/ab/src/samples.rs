@@ -61,7 +61,9 @@ impl SampleRules {
             ));
         }
         if self.daily_cap == Some(0) {
-            return Err("samples.daily_cap must be at least 1 (leave samples out to keep none)".into());
+            return Err(
+                "samples.daily_cap must be at least 1 (leave samples out to keep none)".into(),
+            );
         }
         if self.redact.len() > MAX_PATTERNS {
             return Err(format!(
@@ -70,7 +72,10 @@ impl SampleRules {
             ));
         }
         for l in &self.labels {
-            if l.is_empty() || l.len() > 64 || !l.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            if l.is_empty()
+                || l.len() > 64
+                || !l.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
                 return Err(format!(
                     "samples.labels: '{l}' must be 1-64 letters, digits or '_' (it names a metric)"
                 ));
@@ -78,7 +83,9 @@ impl SampleRules {
         }
         for (i, p) in self.redact.iter().enumerate() {
             if p.len() > MAX_PATTERN {
-                return Err(format!("samples.redact[{i}] is longer than {MAX_PATTERN} bytes"));
+                return Err(format!(
+                    "samples.redact[{i}] is longer than {MAX_PATTERN} bytes"
+                ));
             }
             Regex::new(p).map_err(|e| format!("samples.redact[{i}]: {e}"))?;
         }
@@ -87,8 +94,7 @@ impl SampleRules {
 
     /// Whether `unit` of the experiment seeded `seed` is sampled.
     pub fn sampled(&self, seed: &str, unit: &str) -> bool {
-        abserve_statistics::hash(&format!("samples:{seed}"), unit, 2)
-            .is_some_and(|h| h < self.rate)
+        abserve_statistics::hash(&format!("samples:{seed}"), unit, 2).is_some_and(|h| h < self.rate)
     }
 
     /// The redaction of these rules (the built-in patterns and the experiment's own, compiled).
@@ -200,20 +206,30 @@ mod tests {
     fn planted_personal_data_is_replaced_and_ordinary_text_kept() {
         let r = rules(&[r"ACCT-\d+"]).redactor();
         let cases = [
-            ("mail me at jane.doe+ab@example.co.uk now", "mail me at [email] now"),
+            (
+                "mail me at jane.doe+ab@example.co.uk now",
+                "mail me at [email] now",
+            ),
             ("call +1 (415) 555-0132 today", "call [phone] today"),
             ("or 020 7946 0958.", "or [phone]."),
             ("card 4111 1111 1111 1111 exp", "card [card] exp"),
             ("card 5500-0000-0000-0004", "card [card]"),
-            ("from 192.168.10.254 and 2001:db8:85a3::8a2e:370:7334", "from [ip] and [ip]"),
+            (
+                "from 192.168.10.254 and 2001:db8:85a3::8a2e:370:7334",
+                "from [ip] and [ip]",
+            ),
             ("account ACCT-99812 closed", "account [redacted] closed"),
             // kept: dates, times, short numbers, versions
-            ("on 2026-12-07 at 12:30:45, 3 items, v1.2.3", "on 2026-12-07 at 12:30:45, 3 items, v1.2.3"),
+            (
+                "on 2026-12-07 at 12:30:45, 3 items, v1.2.3",
+                "on 2026-12-07 at 12:30:45, 3 items, v1.2.3",
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(r.text(text), want, "{text}");
         }
-        let mut v = serde_json::json!({"messages": [{"role": "user", "content": "I am bob@x.io"}], "n": 2});
+        let mut v =
+            serde_json::json!({"messages": [{"role": "user", "content": "I am bob@x.io"}], "n": 2});
         r.json(&mut v);
         assert_eq!(v["messages"][0]["content"], "I am [email]");
         assert_eq!(v["n"], 2);
@@ -223,9 +239,12 @@ mod tests {
     fn a_units_sampling_is_fixed_and_near_the_rate() {
         let r = rules(&[]);
         let n = 4000;
-        let sampled = (0..n).filter(|i| r.sampled("exp", &format!("u{i}"))).count();
+        let sampled = (0..n)
+            .filter(|i| r.sampled("exp", &format!("u{i}")))
+            .count();
         assert!((1800..2200).contains(&sampled), "{sampled}");
-        assert!((0..200).all(|i| r.sampled("exp", &format!("u{i}")) == r.sampled("exp", &format!("u{i}"))));
+        assert!((0..200)
+            .all(|i| r.sampled("exp", &format!("u{i}")) == r.sampled("exp", &format!("u{i}"))));
         // independent of the seed's variant split: another seed samples other units
         let other = (0..n)
             .filter(|i| r.sampled("exp", &format!("u{i}")) != r.sampled("exp2", &format!("u{i}")))
@@ -257,7 +276,10 @@ pub fn asked_json(asked: &crate::Asked, model: &str) -> Value {
     let mut v = serde_json::Map::new();
     v.insert("model".into(), Value::String(model.into()));
     match &asked.prompt {
-        crate::Prompt::Chat(m) => v.insert("messages".into(), serde_json::to_value(m).unwrap_or_default()),
+        crate::Prompt::Chat(m) => v.insert(
+            "messages".into(),
+            serde_json::to_value(m).unwrap_or_default(),
+        ),
         crate::Prompt::Text(t) => v.insert("prompt".into(), Value::String(t.clone())),
     };
     for part in [

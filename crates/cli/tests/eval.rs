@@ -142,14 +142,20 @@ fn example_experiment_in_process_and_against_a_server() {
     // each pair asked in both orders; a verdict only where both agree
     for j in &judged {
         assert_eq!(j["variant_position"], "both");
-        let (a, b) = (j["reply"].as_str().unwrap(), j["reply_swapped"].as_str().unwrap());
+        let (a, b) = (
+            j["reply"].as_str().unwrap(),
+            j["reply_swapped"].as_str().unwrap(),
+        );
         let want = abserve_eval::both_orders(a, b);
         assert_eq!(j["verdict"], serde_json::to_value(want).unwrap(), "{j}");
     }
     let first = s["judge_chose_first"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&first));
     let agree = s["judge_agreement"].as_f64().unwrap();
-    let consistent = judged.iter().filter(|j| j["verdict"] != "inconsistent").count();
+    let consistent = judged
+        .iter()
+        .filter(|j| j["verdict"] != "inconsistent")
+        .count();
     assert_eq!(agree, consistent as f64 / 18.0);
     // paired comparisons: 3 variants × 5 scorers
     assert_eq!(s["comparisons"].as_array().unwrap().len(), 15);

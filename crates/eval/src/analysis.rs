@@ -92,9 +92,15 @@ pub struct Summary {
 /// A note on the judge: how often its two orders agreed, and its position bias when strong.
 pub fn judge_warning(s: &Summary) -> Option<String> {
     let first = s.judge_chose_first?;
-    let agreed = s.judge_agreement.map(|a| format!("The judge's two orders agreed on {:.0}% of pairs; only those verdicts count. ", a * 100.0));
+    let agreed = s.judge_agreement.map(|a| {
+        format!(
+            "The judge's two orders agreed on {:.0}% of pairs; only those verdicts count. ",
+            a * 100.0
+        )
+    });
     let bias = (!(0.2..=0.8).contains(&first)).then(|| format!("It picked the answer shown first in {:.0}% of its replies: it follows the position, not the answers. Use a stronger judge (url/model in the judge scorer).", first * 100.0));
-    (agreed.is_some() || bias.is_some()).then(|| agreed.unwrap_or_default() + &bias.unwrap_or_default())
+    (agreed.is_some() || bias.is_some())
+        .then(|| agreed.unwrap_or_default() + &bias.unwrap_or_default())
 }
 
 /// Wilson score interval (95%) of a pass rate: stays inside [0, 1] and is sensible at 0 or n.

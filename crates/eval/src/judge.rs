@@ -16,7 +16,12 @@ use crate::results::{Judgment, Verdict};
 use crate::target::Call;
 
 /// The judge's request for one pair (greedy, with the scorer's `seed`).
-pub fn question(prompt: &str, row: &Row, (a, b): (&str, &str), seed: u64) -> Result<Call, ScoreError> {
+pub fn question(
+    prompt: &str,
+    row: &Row,
+    (a, b): (&str, &str),
+    seed: u64,
+) -> Result<Call, ScoreError> {
     let mut ctx = row.fields.clone();
     ctx.insert("a".into(), Value::String(a.into()));
     ctx.insert("b".into(), Value::String(b.into()));
@@ -51,7 +56,9 @@ pub fn both_orders(variant_a: &str, variant_b: &str) -> Verdict {
 
 /// Over every judged pair: the share of replies that chose the answer shown first ("A"), and the
 /// share of pairs asked in both orders whose verdicts agree.
-pub fn position_stats<'a>(js: impl Iterator<Item = &'a Judgment> + Clone) -> (Option<f64>, Option<f64>) {
+pub fn position_stats<'a>(
+    js: impl Iterator<Item = &'a Judgment> + Clone,
+) -> (Option<f64>, Option<f64>) {
     let letters: Vec<char> = js
         .clone()
         .flat_map(|j| [j.reply.as_deref(), j.reply_swapped.as_deref()])
@@ -60,8 +67,13 @@ pub fn position_stats<'a>(js: impl Iterator<Item = &'a Judgment> + Clone) -> (Op
         .collect();
     let chose_first = (!letters.is_empty())
         .then(|| letters.iter().filter(|c| **c == 'A').count() as f64 / letters.len() as f64);
-    let both: Vec<&Judgment> = js.filter(|j| j.reply_swapped.is_some() && j.verdict.is_some()).collect();
-    let agree = both.iter().filter(|j| j.verdict != Some(Verdict::Inconsistent)).count();
+    let both: Vec<&Judgment> = js
+        .filter(|j| j.reply_swapped.is_some() && j.verdict.is_some())
+        .collect();
+    let agree = both
+        .iter()
+        .filter(|j| j.verdict != Some(Verdict::Inconsistent))
+        .count();
     let agreement = (!both.is_empty()).then(|| agree as f64 / both.len() as f64);
     (chose_first, agreement)
 }

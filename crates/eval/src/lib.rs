@@ -30,10 +30,10 @@ mod scorers;
 mod target;
 
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
-pub use judge::both_orders;
 pub use config::{EvalConfig, ScorerKind};
 pub use dataset::Dataset;
 pub use error::{EvalError, ScoreError};
+pub use judge::both_orders;
 pub use queued::QueueSpec;
 pub use runner::{check, run, Options, Outcome, Source};
 pub use target::{Call, CallError, Capacity, Generation, Http, Target};

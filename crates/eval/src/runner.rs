@@ -476,11 +476,17 @@ async fn judge_one(
         verdict: None,
         error: None,
     };
-    let orders = [(&p.variant_out, &p.control_out), (&p.control_out, &p.variant_out)];
+    let orders = [
+        (&p.variant_out, &p.control_out),
+        (&p.control_out, &p.variant_out),
+    ];
     let mut replies = Vec::with_capacity(2);
     for (a, b) in orders {
         let asked = match judge::question(prompt, p.row, (a, b), seed) {
-            Ok(call) => ask(target, &call, max_overloaded).await.0.map_err(|e| e.to_string()),
+            Ok(call) => ask(target, &call, max_overloaded)
+                .await
+                .0
+                .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         match asked {

@@ -324,8 +324,14 @@ key = "sk-admin-0123456789"
         let p = temp(FILE);
         let keys = Keys::new(Some("sk-cli".into()), Some(p.clone())).unwrap();
         let app = keys.caller(Some("sk-app-0123456789")).unwrap();
-        assert_eq!((&*app.name, app.role, app.class), ("app", Role::Inference, Some(Class::Batch)));
-        assert_eq!(keys.caller(Some("sk-admin-0123456789")).unwrap().role, Role::Admin);
+        assert_eq!(
+            (&*app.name, app.role, app.class),
+            ("app", Role::Inference, Some(Class::Batch))
+        );
+        assert_eq!(
+            keys.caller(Some("sk-admin-0123456789")).unwrap().role,
+            Role::Admin
+        );
         assert_eq!(&*keys.caller(Some("sk-cli")).unwrap().name, "api-key");
         assert_eq!(keys.caller(Some("sk-app-012345678")), None);
         assert_eq!(keys.caller(Some("")), None);
@@ -337,7 +343,9 @@ key = "sk-admin-0123456789"
     fn a_key_given_by_its_hash_passes_and_is_named_by_it() {
         let key = "reviewer-secret";
         let hex: String = digest(key).iter().map(|b| format!("{b:02x}")).collect();
-        let p = temp(&format!("[[key]]\nrole = \"reviewer\"\nsha256 = \"{hex}\"\n"));
+        let p = temp(&format!(
+            "[[key]]\nrole = \"reviewer\"\nsha256 = \"{hex}\"\n"
+        ));
         let keys = Keys::new(None, Some(p.clone())).unwrap();
         let c = keys.caller(Some(key)).unwrap();
         assert_eq!(c.role, Role::Reviewer);
@@ -350,7 +358,11 @@ key = "sk-admin-0123456789"
         let p = temp(FILE);
         let keys = Keys::new(None, Some(p.clone())).unwrap();
         assert!(keys.caller(Some("sk-app-0123456789")).is_some());
-        std::fs::write(&p, "[[key]]\nname = \"ops\"\nrole = \"admin\"\nkey = \"sk-admin-0123456789\"\n").unwrap();
+        std::fs::write(
+            &p,
+            "[[key]]\nname = \"ops\"\nrole = \"admin\"\nkey = \"sk-admin-0123456789\"\n",
+        )
+        .unwrap();
         assert_eq!(keys.caller(Some("sk-app-0123456789")), None);
         assert!(keys.caller(Some("sk-admin-0123456789")).is_some());
         // half-written: the keys read before stay
@@ -372,7 +384,9 @@ key = "sk-admin-0123456789"
             ("[[key]]\nrole = \"admin\"\nkey = \"sk-x\"\nscope = \"all\"\n", "scope"),
         ];
         for (text, says) in cases {
-            let Err(e) = parse(text) else { panic!("{text} parsed") };
+            let Err(e) = parse(text) else {
+                panic!("{text} parsed")
+            };
             assert!(e.contains(says), "{e}");
             assert!(!e.contains("sk-x"), "{e}");
         }
@@ -386,6 +400,9 @@ key = "sk-admin-0123456789"
         assert_eq!(open.caller(None).unwrap().role, Role::Admin);
         let keys = Keys::new(Some("sk-secret-value".into()), None).unwrap();
         let shown = format!("{keys:?}");
-        assert!(!shown.contains("sk-secret-value") && shown.contains("admin: 1"), "{shown}");
+        assert!(
+            !shown.contains("sk-secret-value") && shown.contains("admin: 1"),
+            "{shown}"
+        );
     }
 }

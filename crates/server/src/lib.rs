@@ -36,9 +36,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use keys::{Caller, Keys};
 pub use error::ApiError;
 pub use experiments::{AbState, ControlPlane};
+pub use keys::{Caller, Keys};
 pub use metrics::Metrics;
 pub use routes::{ops_router, router};
 pub use serve::{serve, serve_ops};

@@ -19,8 +19,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::OpenApi;
 
 use crate::experiments::{audit, dashboard, routes as experiments, samples};
-use crate::{auth, health};
 use crate::inference::{api, fanout};
+use crate::{auth, health};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -95,7 +95,10 @@ struct ApiDoc;
 const ERRORS: [(&str, &str); 10] = [
     ("400", "invalid request (the message and `param` say what)"),
     ("401", "missing or wrong API key"),
-    ("403", "the key's role may not call this route (the message names the role it needs)"),
+    (
+        "403",
+        "the key's role may not call this route (the message names the role it needs)",
+    ),
     ("404", "unknown model, experiment or path"),
     ("405", "method not allowed on this path"),
     ("413", "body larger than --body-limit"),

@@ -192,7 +192,9 @@ async fn drain(state: &AppState, graceful: GracefulShutdown, open: &AtomicUsize)
 /// SIGHUP reads the keys file again (it is also read again whenever it changes).
 fn reload_keys_on_sighup(keys: Arc<crate::keys::Keys>) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-        tracing::warn!("SIGHUP cannot be watched: the keys file is read again only when it changes");
+        tracing::warn!(
+            "SIGHUP cannot be watched: the keys file is read again only when it changes"
+        );
         return;
     };
     tokio::spawn(async move {

@@ -28,13 +28,13 @@ use sqlx::sqlite::{
 };
 
 pub use audit::AuditEntry;
-pub use samples::{Erased, Sample, SampleQuery};
 pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
     VariantState,
 };
+pub use samples::{Erased, Sample, SampleQuery};
 
 use abserve_protocol::location::Location;
 

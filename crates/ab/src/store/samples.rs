@@ -125,7 +125,23 @@ type Row = (
 const COLUMNS: &str = "id, experiment, variant, unit, request_id, input_id, ts, request, response, finish_reason, error, prompt_tokens, output_tokens, latency_ms, review";
 
 fn sample_of(r: Row) -> Sample {
-    let (id, experiment, variant, unit, request_id, input_id, at, request, response, finish, error, prompt, output, latency, review) = r;
+    let (
+        id,
+        experiment,
+        variant,
+        unit,
+        request_id,
+        input_id,
+        at,
+        request,
+        response,
+        finish,
+        error,
+        prompt,
+        output,
+        latency,
+        review,
+    ) = r;
     Sample {
         id,
         experiment,
@@ -168,7 +184,11 @@ impl Store {
     }
 
     /// An experiment's samples that `f` selects, newest first.
-    pub async fn samples(&self, experiment: &str, f: &SampleQuery) -> Result<Vec<Sample>, StoreError> {
+    pub async fn samples(
+        &self,
+        experiment: &str,
+        f: &SampleQuery,
+    ) -> Result<Vec<Sample>, StoreError> {
         let text = f.q.as_deref().filter(|q| !q.is_empty()).map(like);
         let q = format!("SELECT {COLUMNS}
                  FROM samples WHERE experiment = $1
@@ -217,14 +237,24 @@ impl Store {
     }
 
     /// Deletes an experiment's samples written before `before` (seconds since the epoch): how many.
-    pub async fn delete_samples_before(&self, experiment: &str, before: f64) -> Result<u64, StoreError> {
+    pub async fn delete_samples_before(
+        &self,
+        experiment: &str,
+        before: f64,
+    ) -> Result<u64, StoreError> {
         let q = "DELETE FROM samples WHERE experiment = $1 AND ts < $2";
-        Ok(on_pool!(self, p => sqlx::query(q).bind(experiment).bind(before).execute(p).await?.rows_affected()))
+        Ok(
+            on_pool!(self, p => sqlx::query(q).bind(experiment).bind(before).execute(p).await?.rows_affected()),
+        )
     }
 
     /// Deletes everything stored of `unit` — its samples, exposures and events — in one
     /// experiment, or in every one (`None`), in one transaction.
-    pub async fn erase_unit(&self, unit: &str, experiment: Option<&str>) -> Result<Erased, StoreError> {
+    pub async fn erase_unit(
+        &self,
+        unit: &str,
+        experiment: Option<&str>,
+    ) -> Result<Erased, StoreError> {
         let tables = ["samples", "exposures", "events"];
         let mut n = [0u64; 3];
         on_pool!(self, p => {

@@ -13,9 +13,9 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-pub use rules::{roles_text, rule};
 #[cfg(test)]
 pub use rules::RULES;
+pub use rules::{roles_text, rule};
 
 use crate::error::ApiError;
 use crate::keys::Caller;
@@ -78,8 +78,9 @@ pub async fn authorize(
 #[utoipa::path(get, path = "/v1/me", responses((status = 200, description = "`{name, role, service_tier}` of the key presented", body = Object)))]
 pub async fn me(caller: Option<axum::Extension<Caller>>) -> Response {
     let c = caller.map(|c| c.0);
-    let body = c.map_or(serde_json::Value::Null, |c| {
-        serde_json::json!({"name": &*c.name, "role": c.role, "service_tier": c.class})
-    });
+    let body = c.map_or(
+        serde_json::Value::Null,
+        |c| serde_json::json!({"name": &*c.name, "role": c.role, "service_tier": c.class}),
+    );
     axum::Json(body).into_response()
 }

@@ -37,8 +37,18 @@ pub const RULES: &[(&str, &str, &[Role], bool)] = &[
     ("GET", "/v1/experiments/{name}/history", READERS, false),
     ("GET", "/v1/experiments/{name}/exposures", READERS, false),
     ("GET", "/v1/experiments/{name}/samples", READERS, true),
-    ("GET", "/v1/experiments/{name}/samples/export", READERS, true),
-    ("POST", "/v1/experiments/{name}/samples/{id}/review", READERS, false),
+    (
+        "GET",
+        "/v1/experiments/{name}/samples/export",
+        READERS,
+        true,
+    ),
+    (
+        "POST",
+        "/v1/experiments/{name}/samples/{id}/review",
+        READERS,
+        false,
+    ),
     ("DELETE", "/v1/units/{unit}", ADMIN, true),
     ("GET", "/v1/engine", READERS, false),
     ("GET", "/v1/me", EVERY, false),
@@ -48,7 +58,11 @@ pub const RULES: &[(&str, &str, &[Role], bool)] = &[
 /// The rule of a route (its template as axum matched it); HEAD as GET; a route without a row is
 /// admin-only and audited.
 pub fn rule(method: &Method, template: &str) -> Rule {
-    let m = if method == Method::HEAD { "GET" } else { method.as_str() };
+    let m = if method == Method::HEAD {
+        "GET"
+    } else {
+        method.as_str()
+    };
     RULES
         .iter()
         .find(|(rm, t, _, _)| *rm == m && *t == template)

@@ -27,8 +27,12 @@ impl ControlPlane {
         let write = tokio::spawn(async move {
             if let Err(e) = store.record_audit(&entry).await {
                 metrics.store_error("audit");
-                tracing::error!("audit: the entry for {} {} by {} was not stored: {e}",
-                    entry.method, entry.path, entry.who);
+                tracing::error!(
+                    "audit: the entry for {} {} by {} was not stored: {e}",
+                    entry.method,
+                    entry.path,
+                    entry.who
+                );
             }
         });
         let _ = write.await;
@@ -49,8 +53,16 @@ pub async fn audit_log(
 ) -> Result<Response, ApiError> {
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::invalid_param("limit", "limit must be between 1 and 1000"));
+        return Err(ApiError::invalid_param(
+            "limit",
+            "limit must be between 1 and 1000",
+        ));
     }
-    let entries = cp.ab()?.store().audit(limit).await.inspect_err(|_| cp.metrics.store_error("audit"))?;
+    let entries = cp
+        .ab()?
+        .store()
+        .audit(limit)
+        .await
+        .inspect_err(|_| cp.metrics.store_error("audit"))?;
     Ok(Json(List::new(entries)).into_response())
 }

@@ -186,7 +186,10 @@ pub fn api(cp: Arc<ControlPlane>) -> Router {
         .route("/audit", get(audit::audit_log))
         .route("/experiments/{name}/samples", get(samples::list))
         .route("/experiments/{name}/samples/export", get(samples::export))
-        .route("/experiments/{name}/samples/{id}/review", axum::routing::post(samples::review))
+        .route(
+            "/experiments/{name}/samples/{id}/review",
+            axum::routing::post(samples::review),
+        )
         .route("/units/{unit}", axum::routing::delete(samples::erase))
         .with_state(cp)
 }

@@ -154,7 +154,9 @@ impl ControlPlane {
 /// The experiment's sampling rules when `unit` is sampled.
 fn sampled(e: &Experiment, unit: Option<&str>) -> Option<Arc<SampleRules>> {
     let (rules, unit) = (e.samples.as_ref()?, unit?);
-    rules.sampled(e.seed(), unit).then(|| Arc::new(rules.clone()))
+    rules
+        .sampled(e.seed(), unit)
+        .then(|| Arc::new(rules.clone()))
 }
 
 impl ControlPlane {

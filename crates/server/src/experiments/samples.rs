@@ -61,7 +61,10 @@ impl SampleQueue {
             tokio::spawn(writer(rx, store, self.metrics.clone()));
         }
         if self.tx.try_send(p).is_err() {
-            self.metrics.samples.with_label_values(&["queue_full"]).inc();
+            self.metrics
+                .samples
+                .with_label_values(&["queue_full"])
+                .inc();
         }
     }
 }
@@ -91,7 +94,10 @@ impl WriterState {
             None => true,
         };
         if fresh {
-            self.redactors.insert(sample.experiment.clone(), (rules.redact.clone(), rules.redactor()));
+            self.redactors.insert(
+                sample.experiment.clone(),
+                (rules.redact.clone(), rules.redactor()),
+            );
         }
         let r = &self.redactors[&sample.experiment].1;
         r.json(&mut sample.request);
@@ -103,7 +109,12 @@ impl WriterState {
 
 async fn writer(mut rx: mpsc::Receiver<Pending>, store: Store, metrics: Arc<Metrics>) {
     let mut st = WriterState::default();
-    let count = |outcome: &str, n: usize| metrics.samples.with_label_values(&[outcome]).inc_by(n as u64);
+    let count = |outcome: &str, n: usize| {
+        metrics
+            .samples
+            .with_label_values(&[outcome])
+            .inc_by(n as u64)
+    };
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < BATCH {
@@ -116,7 +127,10 @@ async fn writer(mut rx: mpsc::Receiver<Pending>, store: Store, metrics: Arc<Metr
         let n = batch.len();
         // redaction is CPU work: off the async threads
         let (st_back, out) = tokio::task::spawn_blocking(move || {
-            let out: Vec<Sample> = batch.into_iter().filter_map(|p| st.admit(p, &today)).collect();
+            let out: Vec<Sample> = batch
+                .into_iter()
+                .filter_map(|p| st.admit(p, &today))
+                .collect();
             (st, out)
         })
         .await
@@ -146,7 +160,10 @@ pub async fn list(
     Query(q): Query<SampleQuery>,
 ) -> Result<Response, ApiError> {
     if !(1..=500).contains(&q.limit.unwrap_or(50)) {
-        return Err(ApiError::invalid_param("limit", "limit must be between 1 and 500"));
+        return Err(ApiError::invalid_param(
+            "limit",
+            "limit must be between 1 and 500",
+        ));
     }
     let (ab, e) = (cp.ab()?, cp.find(&name)?);
     let data = ab.store().samples(&e.name, &q).await?;
@@ -172,7 +189,14 @@ pub async fn erase(
     if let Some(name) = &q.experiment {
         cp.find(name)?;
     }
-    let Erased { samples, exposures, events } = ab.store().erase_unit(&unit, q.experiment.as_deref()).await?;
+    let Erased {
+        samples,
+        exposures,
+        events,
+    } = ab
+        .store()
+        .erase_unit(&unit, q.experiment.as_deref())
+        .await?;
     Ok(Json(serde_json::json!({"unit": unit, "samples": samples, "exposures": exposures, "events": events})).into_response())
 }
 
@@ -274,34 +298,60 @@ pub async fn review(
     let (ab, e) = (cp.ab()?, cp.find(&name)?);
     let b: ReviewBody = crate::body::parse_body(&body)?;
     if b.thumbs.is_none() && b.score.is_none() && b.label.is_none() && b.comment.is_none() {
-        return Err(ApiError::bad_request("A review needs thumbs, score, label or comment."));
+        return Err(ApiError::bad_request(
+            "A review needs thumbs, score, label or comment.",
+        ));
     }
     if b.score.is_some_and(|s| !(1..=5).contains(&s)) {
         return Err(ApiError::invalid_param("score", "score must be 1 to 5"));
     }
-    let labels = e.samples.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
+    let labels = e
+        .samples
+        .as_ref()
+        .map(|s| s.labels.clone())
+        .unwrap_or_default();
     if let Some(l) = b.label.as_ref().filter(|l| !labels.contains(l)) {
         return Err(ApiError::invalid_param(
             "label",
-            format!("'{l}' is not one of this experiment's labels ({})", labels.join(", ")),
+            format!(
+                "'{l}' is not one of this experiment's labels ({})",
+                labels.join(", ")
+            ),
         ));
     }
-    if b.comment.as_ref().is_some_and(|c| c.chars().count() > MAX_COMMENT) {
-        return Err(ApiError::invalid_param("comment", format!("a comment has at most {MAX_COMMENT} characters")));
+    if b.comment
+        .as_ref()
+        .is_some_and(|c| c.chars().count() > MAX_COMMENT)
+    {
+        return Err(ApiError::invalid_param(
+            "comment",
+            format!("a comment has at most {MAX_COMMENT} characters"),
+        ));
     }
     let by = caller.map_or_else(|| "anonymous".to_string(), |c| c.0.name.to_string());
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let missing = || ApiError::not_found(format!("Experiment '{name}' has no sample {id}."));
     let old = ab.store().sample(&e.name, id).await?.ok_or_else(missing)?;
     // the fields given change, the others stay
     let mut review = old.review.unwrap_or_else(|| serde_json::json!({}));
     let given = serde_json::json!({"thumbs": b.thumbs, "score": b.score, "label": b.label, "comment": b.comment});
-    for (k, v) in given.as_object().into_iter().flatten().filter(|(_, v)| !v.is_null()) {
+    for (k, v) in given
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_null())
+    {
         review[k] = v.clone();
     }
     review["by"] = serde_json::Value::String(by);
     review["at"] = serde_json::json!(now);
-    let sample = ab.store().review_sample(&e.name, id, &review).await?.ok_or_else(missing)?;
+    let sample = ab
+        .store()
+        .review_sample(&e.name, id, &review)
+        .await?
+        .ok_or_else(missing)?;
     let events = review_events(&sample.unit, &b);
     if !sample.unit.is_empty() && !events.is_empty() {
         ab.store()

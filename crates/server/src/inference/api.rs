@@ -22,9 +22,9 @@ use super::body_rules::{
 use super::request::{Kind, ValidRequest};
 use super::respond::{collect_response, now_secs};
 use super::stream::stream_response;
-use crate::keys::Caller;
 use crate::error::ApiError;
 use crate::experiments::Routed;
+use crate::keys::Caller;
 use crate::state::AppState;
 
 /// The model a request names: its id as answers carry it, and its position in the registry.
@@ -182,7 +182,12 @@ fn chat_request(
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
     let (class, priority) = classify(&req.common, key_class, &mut routed)?;
     let id = Kind::Chat.id();
-    note_routed(&mut routed, &id, (&input, &asked), &state.models.at(model_index).id);
+    note_routed(
+        &mut routed,
+        &id,
+        (&input, &asked),
+        &state.models.at(model_index).id,
+    );
     let Prompt::Chat(messages) = &asked.prompt else {
         return Err(ApiError::internal(
             "a variant turned a conversation into text",
@@ -247,7 +252,12 @@ fn completion_request(
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
     let (class, priority) = classify(&req.common, key_class, &mut routed)?;
     let id = Kind::Text.id();
-    note_routed(&mut routed, &id, (&first, &asked), &state.models.at(model_index).id);
+    note_routed(
+        &mut routed,
+        &id,
+        (&first, &asked),
+        &state.models.at(model_index).id,
+    );
     if let (Some(_), Prompt::Text(text)) = (&routed, &asked.prompt) {
         prompts = vec![PromptInput::Text(text.clone())];
     }

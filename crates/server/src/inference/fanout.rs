@@ -235,7 +235,11 @@ fn sample_requests(
     input: &str,
     requests: &[(usize, usize, Prepared)],
 ) -> Vec<(usize, serde_json::Value)> {
-    if !e.samples.as_ref().is_some_and(|r| r.sampled(e.seed(), input)) {
+    if !e
+        .samples
+        .as_ref()
+        .is_some_and(|r| r.sampled(e.seed(), input))
+    {
         return vec![];
     }
     requests
@@ -279,7 +283,11 @@ fn offer_samples(
     for (k, request) in asked {
         let r = &results[*k];
         let mut response = serde_json::json!({"text": r.output.clone().unwrap_or_default()});
-        if let Some(calls) = r.tool_calls.as_ref().and_then(|c| serde_json::to_value(c).ok()) {
+        if let Some(calls) = r
+            .tool_calls
+            .as_ref()
+            .and_then(|c| serde_json::to_value(c).ok())
+        {
             response["tool_calls"] = calls;
         }
         let sample = abserve_ab::Sample {

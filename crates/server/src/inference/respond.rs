@@ -8,9 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use abserve_engine::{Class, Completion, Event, TokenLogprob};
 use abserve_protocol::wire::{
-    ChatLogprobs, Choice, Logprobs,
-    PromptTokensDetails, Response as WireResponse, ResponseMessage, Routing, TextLogprobs,
-    TokenLogprob as WireLogprob, TopLogprob, Usage,
+    ChatLogprobs, Choice, Logprobs, PromptTokensDetails, Response as WireResponse, ResponseMessage,
+    Routing, TextLogprobs, TokenLogprob as WireLogprob, TopLogprob, Usage,
 };
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -70,7 +69,12 @@ pub(crate) fn observe(state: &AppState, class: Class, d: &Completion) {
 }
 
 /// Log-probabilities in the endpoint's shape (none from a model that gives no token ids).
-pub(super) fn logprobs(state: &AppState, model: usize, kind: Kind, lps: &[TokenLogprob]) -> Option<Logprobs> {
+pub(super) fn logprobs(
+    state: &AppState,
+    model: usize,
+    kind: Kind,
+    lps: &[TokenLogprob],
+) -> Option<Logprobs> {
     let e = state.models.at(model).tokens()?;
     Some(match kind {
         Kind::Chat => {
@@ -220,7 +224,11 @@ pub(crate) async fn collect_response(
             (Some(_), Some(Ok(c))) => Some(sampled_answer(&req, &c.text, &c.completion)),
             _ => None,
         };
-        recorded = state.experiments.record(r, first, err, answer).await.is_ok();
+        recorded = state
+            .experiments
+            .record(r, first, err, answer)
+            .await
+            .is_ok();
     }
     let want_lp = req.logprobs();
     let (mut choices, mut tally) = (vec![], Tally::default());

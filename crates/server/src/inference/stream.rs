@@ -321,7 +321,10 @@ impl Drop for RecordOnDrop {
         let state = self.state.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = state.experiments.record(&r, done.as_ref(), err, answer).await;
+                let _ = state
+                    .experiments
+                    .record(&r, done.as_ref(), err, answer)
+                    .await;
             });
         }
     }
@@ -350,7 +353,10 @@ async fn finish_stream(
     };
     if let (Some(r), false) = (&req.routed, recorded) {
         // failures are logged and counted by expose
-        let _ = state.experiments.record(r, done.as_ref(), err, answer).await;
+        let _ = state
+            .experiments
+            .record(r, done.as_ref(), err, answer)
+            .await;
     }
     if !req.include_usage {
         return None;

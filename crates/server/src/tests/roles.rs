@@ -94,8 +94,14 @@ fn request_for(method: &str, template: &str, n: usize) -> (String, Option<Value>
     let msg = json!([{"role": "user", "content": "hi"}]);
     let name = format!("made{n}");
     match (method, template) {
-        ("POST", "/v1/chat/completions") => (template.into(), Some(json!({"model": "fake", "messages": msg}))),
-        ("POST", "/v1/completions") => (template.into(), Some(json!({"model": "fake", "prompt": "hi"}))),
+        ("POST", "/v1/chat/completions") => (
+            template.into(),
+            Some(json!({"model": "fake", "messages": msg})),
+        ),
+        ("POST", "/v1/completions") => (
+            template.into(),
+            Some(json!({"model": "fake", "prompt": "hi"})),
+        ),
         ("POST", "/v1/experiments") => (
             template.into(),
             Some(json!({"name": name, "variants": [{"id": "a"}, {"id": "b"}]})),
@@ -105,17 +111,19 @@ fn request_for(method: &str, template: &str, n: usize) -> (String, Option<Value>
             Some(json!({"name": "greet", "variants": [{"id": "a", "max_tokens": 2}, {"id": "b"}]})),
         ),
         ("DELETE", "/v1/units/{unit}") => ("/v1/units/u1".into(), None),
-        ("POST", "/v1/experiments/{name}/samples/{id}/review") => {
-            ("/v1/experiments/greet/samples/1/review".into(), Some(json!({"thumbs": true})))
-        }
+        ("POST", "/v1/experiments/{name}/samples/{id}/review") => (
+            "/v1/experiments/greet/samples/1/review".into(),
+            Some(json!({"thumbs": true})),
+        ),
         ("DELETE", _) => (format!("/v1/experiments/{name}"), None),
         ("POST", "/v1/experiments/{name}/events") => (
             "/v1/experiments/greet/events".into(),
             Some(json!({"events": [{"unit": "u1", "metric": "thumbs_up", "value": 1}]})),
         ),
-        ("POST", "/v1/experiments/{name}/fanout") => {
-            ("/v1/experiments/greet/fanout".into(), Some(json!({"input": "hi"})))
-        }
+        ("POST", "/v1/experiments/{name}/fanout") => (
+            "/v1/experiments/greet/fanout".into(),
+            Some(json!({"input": "hi"})),
+        ),
         (_, t) => (t.replace("{name}", "greet"), None),
     }
 }
@@ -126,10 +134,23 @@ async fn every_route_answers_only_the_roles_its_rule_names() {
     let a = &k.app;
     // a sample to read and rate (sample 1)
     let routed = json!({"model": "experiment:greet", "user": "u1", "messages": [{"role": "user", "content": "hi"}]});
-    let (s, _) = a.as_key(Some("sk-inference-1"), "POST", "/v1/chat/completions", Some(routed)).await;
+    let (s, _) = a
+        .as_key(
+            Some("sk-inference-1"),
+            "POST",
+            "/v1/chat/completions",
+            Some(routed),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     for _ in 0..500 {
-        if a.state.metrics.samples.with_label_values(&["written"]).get() == 1 {
+        if a.state
+            .metrics
+            .samples
+            .with_label_values(&["written"])
+            .get()
+            == 1
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -168,25 +189,36 @@ async fn every_route_answers_only_the_roles_its_rule_names() {
         }
     }
     // --api-key is an admin key
-    let (s, _) = a.as_key(Some("sk-cli-admin"), "GET", "/v1/audit", None).await;
+    let (s, _) = a
+        .as_key(Some("sk-cli-admin"), "GET", "/v1/audit", None)
+        .await;
     assert_eq!(s, StatusCode::OK);
     let (s, bytes) = a.as_key(Some("sk-reviewer-1"), "GET", "/v1/me", None).await;
     assert_eq!(s, StatusCode::OK);
     let me: Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(me, json!({"name": "rater", "role": "reviewer", "service_tier": null}));
+    assert_eq!(
+        me,
+        json!({"name": "rater", "role": "reviewer", "service_tier": null})
+    );
 }
 
 #[tokio::test]
 async fn a_key_taken_out_of_the_file_fails_on_its_next_request() {
     let k = keyed().await;
     let a = &k.app;
-    let (s, _) = a.as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None).await;
+    let (s, _) = a
+        .as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None)
+        .await;
     assert_eq!(s, StatusCode::OK);
     let without: String = KEYS.replace("key = \"sk-reviewer-1\"", "key = \"sk-reviewer-2\"");
     std::fs::write(&k.file, without).unwrap();
-    let (s, _) = a.as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None).await;
+    let (s, _) = a
+        .as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None)
+        .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "revoked at once");
-    let (s, _) = a.as_key(Some("sk-reviewer-2"), "GET", "/v1/experiments", None).await;
+    let (s, _) = a
+        .as_key(Some("sk-reviewer-2"), "GET", "/v1/experiments", None)
+        .await;
     assert_eq!(s, StatusCode::OK, "its replacement works at once");
 }
 
@@ -195,15 +227,38 @@ async fn admin_actions_are_in_the_audit_log_with_who_did_them() {
     let k = keyed().await;
     let a = &k.app;
     let def = json!({"name": "audited", "variants": [{"id": "a"}, {"id": "b"}]});
-    let (s, _) = a.as_key(Some("sk-admin-1"), "POST", "/v1/experiments", Some(def.clone())).await;
+    let (s, _) = a
+        .as_key(
+            Some("sk-admin-1"),
+            "POST",
+            "/v1/experiments",
+            Some(def.clone()),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, _) = a.as_key(Some("sk-admin-1"), "POST", "/v1/experiments", Some(def)).await;
+    let (s, _) = a
+        .as_key(Some("sk-admin-1"), "POST", "/v1/experiments", Some(def))
+        .await;
     assert_eq!(s, StatusCode::CONFLICT);
-    let (s, _) = a.as_key(Some("sk-cli-admin"), "DELETE", "/v1/experiments/audited", None).await;
+    let (s, _) = a
+        .as_key(
+            Some("sk-cli-admin"),
+            "DELETE",
+            "/v1/experiments/audited",
+            None,
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     // refused and read-only calls are not admin actions
-    a.as_key(Some("sk-reviewer-1"), "DELETE", "/v1/experiments/greet", None).await;
-    a.as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None).await;
+    a.as_key(
+        Some("sk-reviewer-1"),
+        "DELETE",
+        "/v1/experiments/greet",
+        None,
+    )
+    .await;
+    a.as_key(Some("sk-reviewer-1"), "GET", "/v1/experiments", None)
+        .await;
     let (s, bytes) = a.as_key(Some("sk-admin-1"), "GET", "/v1/audit", None).await;
     assert_eq!(s, StatusCode::OK);
     let log: Value = serde_json::from_slice(&bytes).unwrap();
@@ -232,7 +287,10 @@ async fn admin_actions_are_in_the_audit_log_with_who_did_them() {
         ],
         "newest first"
     );
-    assert!(!String::from_utf8_lossy(&bytes).contains("sk-"), "no key in the log");
+    assert!(
+        !String::from_utf8_lossy(&bytes).contains("sk-"),
+        "no key in the log"
+    );
 }
 
 #[tokio::test]
@@ -243,20 +301,51 @@ async fn a_keys_class_is_its_requests_default_and_their_own_tier_wins() {
     let last = |a: &App| a.ctl.submitted.lock().unwrap().last().unwrap().class;
     let msg = json!([{"role": "user", "content": "hi"}]);
     let chat = json!({"model": "fake", "messages": msg});
-    let (s, _) = a.as_key(Some("sk-batch-1"), "POST", "/v1/chat/completions", Some(chat.clone())).await;
+    let (s, _) = a
+        .as_key(
+            Some("sk-batch-1"),
+            "POST",
+            "/v1/chat/completions",
+            Some(chat.clone()),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(last(a), Class::Batch);
-    let (s, _) = a.as_key(Some("sk-inference-1"), "POST", "/v1/chat/completions", Some(chat)).await;
+    let (s, _) = a
+        .as_key(
+            Some("sk-inference-1"),
+            "POST",
+            "/v1/chat/completions",
+            Some(chat),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(last(a), Class::Interactive);
     let own = json!({"model": "fake", "messages": msg, "service_tier": "priority"});
-    a.as_key(Some("sk-batch-1"), "POST", "/v1/chat/completions", Some(own)).await;
+    a.as_key(
+        Some("sk-batch-1"),
+        "POST",
+        "/v1/chat/completions",
+        Some(own),
+    )
+    .await;
     assert_eq!(last(a), Class::Interactive, "the request's own tier wins");
     let routed = json!({"model": "experiment:greet", "messages": msg, "user": "u1"});
-    a.as_key(Some("sk-batch-1"), "POST", "/v1/chat/completions", Some(routed)).await;
+    a.as_key(
+        Some("sk-batch-1"),
+        "POST",
+        "/v1/chat/completions",
+        Some(routed),
+    )
+    .await;
     assert_eq!(last(a), Class::Batch);
     let (s, _) = a
-        .as_key(Some("sk-batch-1"), "POST", "/v1/experiments/greet/fanout", Some(json!({"input": "hi"})))
+        .as_key(
+            Some("sk-batch-1"),
+            "POST",
+            "/v1/experiments/greet/fanout",
+            Some(json!({"input": "hi"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(last(a), Class::Batch, "the key's class over fan-out's");

@@ -22,10 +22,15 @@ id = "b"
 max_tokens = 8
 "#;
 
-const PLANTED: &str = "I am jane@example.com, call +1 415 555 0132, card 4111 1111 1111 1111, account ACCT-9911";
+const PLANTED: &str =
+    "I am jane@example.com, call +1 415 555 0132, card 4111 1111 1111 1111, account ACCT-9911";
 
 fn written(a: &App) -> u64 {
-    a.state.metrics.samples.with_label_values(&["written"]).get()
+    a.state
+        .metrics
+        .samples
+        .with_label_values(&["written"])
+        .get()
 }
 
 async fn wait_written(a: &App, n: u64) {
@@ -51,12 +56,24 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
         let (s, _, bytes) = a.post("/v1/chat/completions", body).await;
         assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     }
-    let want: Vec<&String> = units.iter().filter(|u| rules.sampled(e.seed(), u)).collect();
+    let want: Vec<&String> = units
+        .iter()
+        .filter(|u| rules.sampled(e.seed(), u))
+        .collect();
     assert!((10..30).contains(&want.len()), "{} sampled", want.len());
     wait_written(&a, want.len() as u64).await;
 
     let store = ab.store();
-    let samples = store.samples("greet", &abserve_ab::SampleQuery { limit: Some(500), ..Default::default() }).await.unwrap();
+    let samples = store
+        .samples(
+            "greet",
+            &abserve_ab::SampleQuery {
+                limit: Some(500),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let mut got: Vec<&String> = samples.iter().map(|s| &s.unit).collect();
     got.sort();
     let mut want_sorted = want.clone();
@@ -70,7 +87,10 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
             .iter()
             .find(|x| x.exposure.request_id.as_deref() == Some(s.request_id.as_str()))
             .unwrap_or_else(|| panic!("no exposure has {}", s.request_id));
-        assert_eq!((&x.exposure.unit, &x.exposure.variant), (&s.unit, &s.variant));
+        assert_eq!(
+            (&x.exposure.unit, &x.exposure.variant),
+            (&s.unit, &s.variant)
+        );
         assert!(s.request_id.starts_with("chatcmpl-"));
         let text = s.request.to_string() + &s.response.to_string();
         for secret in ["jane@example.com", "555 0132", "4111", "ACCT-9911"] {
@@ -78,22 +98,41 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
         }
         let asked = s.request["messages"].as_array().unwrap();
         let user = asked.last().unwrap()["content"].as_str().unwrap();
-        assert_eq!(user, "I am [email], call [phone], card [card], account [redacted]");
+        assert_eq!(
+            user,
+            "I am [email], call [phone], card [card], account [redacted]"
+        );
         // what the variant sent: a's system prompt
-        assert_eq!(asked.len(), if s.variant == "a" { 2 } else { 1 }, "{asked:?}");
+        assert_eq!(
+            asked.len(),
+            if s.variant == "a" { 2 } else { 1 },
+            "{asked:?}"
+        );
         assert_eq!(s.request["max_tokens"], 8);
-        assert_eq!(s.response["text"], String::from_utf8_lossy(&ANSWER[..8]).as_ref());
+        assert_eq!(
+            s.response["text"],
+            String::from_utf8_lossy(&ANSWER[..8]).as_ref()
+        );
         assert_eq!(s.finish_reason.as_deref(), Some("length"));
         assert_eq!(s.output_tokens, Some(8));
     }
 
     // read over HTTP, filtered
-    let (st, _, bytes) = a.call("GET", "/v1/experiments/greet/samples?variant=a&limit=500", None, &[]).await;
+    let (st, _, bytes) = a
+        .call(
+            "GET",
+            "/v1/experiments/greet/samples?variant=a&limit=500",
+            None,
+            &[],
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let page: Value = serde_json::from_slice(&bytes).unwrap();
     let of_a = samples.iter().filter(|s| s.variant == "a").count();
     assert_eq!(page["data"].as_array().unwrap().len(), of_a);
-    let (st, _, _) = a.call("GET", "/v1/experiments/greet/samples?limit=0", None, &[]).await;
+    let (st, _, _) = a
+        .call("GET", "/v1/experiments/greet/samples?limit=0", None, &[])
+        .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 
     // erasure of one unit: its samples, exposures and events
@@ -101,17 +140,36 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
     let ev = json!({"events": [{"unit": unit, "metric": "thumbs_up", "value": 1}]});
     let (st, _, _) = a.post("/v1/experiments/greet/events", ev).await;
     assert_eq!(st, StatusCode::OK);
-    let (st, _, bytes) = a.call("DELETE", &format!("/v1/units/{unit}"), None, &[]).await;
+    let (st, _, bytes) = a
+        .call("DELETE", &format!("/v1/units/{unit}"), None, &[])
+        .await;
     assert_eq!(st, StatusCode::OK);
     let erased: Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(erased, json!({"unit": unit, "samples": 1, "exposures": 1, "events": 1}));
-    assert!(store.recent_exposures("greet", 500).await.unwrap().iter().all(|x| x.exposure.unit != unit));
+    assert_eq!(
+        erased,
+        json!({"unit": unit, "samples": 1, "exposures": 1, "events": 1})
+    );
+    assert!(store
+        .recent_exposures("greet", 500)
+        .await
+        .unwrap()
+        .iter()
+        .all(|x| x.exposure.unit != unit));
 
     // the sweep: nothing is old yet; 31 days on, all of it is
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     assert_eq!(a.state.experiments.sweep_samples(now).await, 0);
     let left = want.len() as u64 - 1;
-    assert_eq!(a.state.experiments.sweep_samples(now + 31.0 * 86_400.0).await, left);
+    assert_eq!(
+        a.state
+            .experiments
+            .sweep_samples(now + 31.0 * 86_400.0)
+            .await,
+        left
+    );
 }
 
 #[tokio::test]
@@ -155,7 +213,14 @@ async fn a_full_queue_drops_samples_counted_and_the_daily_cap_holds() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!((count("written"), count("daily_cap")), (5, QUEUE as u64 - 5));
-    let kept = ab.store().samples("greet", &Default::default()).await.unwrap();
+    assert_eq!(
+        (count("written"), count("daily_cap")),
+        (5, QUEUE as u64 - 5)
+    );
+    let kept = ab
+        .store()
+        .samples("greet", &Default::default())
+        .await
+        .unwrap();
     assert_eq!(kept.len(), 5);
 }

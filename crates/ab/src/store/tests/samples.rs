@@ -56,15 +56,27 @@ async fn samples_read_back_by_every_filter_newest_first(f: &Fresh) {
         f(&mut q);
         q
     };
-    assert_eq!(read(q(|q| q.variant = Some("b".into()))).await, ["u3", "u2"]);
+    assert_eq!(
+        read(q(|q| q.variant = Some("b".into()))).await,
+        ["u3", "u2"]
+    );
     assert_eq!(read(q(|q| q.error = Some(true))).await, ["u2"]);
     assert_eq!(read(q(|q| q.error = Some(false))).await, ["u3", "u1"]);
-    assert_eq!(read(q(|q| q.finish_reason = Some("stop".into()))).await, ["u3", "u1"]);
+    assert_eq!(
+        read(q(|q| q.finish_reason = Some("stop".into()))).await,
+        ["u3", "u1"]
+    );
     assert_eq!(read(q(|q| q.q = Some("HELLO".into()))).await, ["u1"]);
-    assert_eq!(read(q(|q| q.q = Some("question of u2".into()))).await, ["u2"]);
+    assert_eq!(
+        read(q(|q| q.q = Some("question of u2".into()))).await,
+        ["u2"]
+    );
     // LIKE's wildcards are searched as text
     assert_eq!(read(q(|q| q.q = Some("50%_".into()))).await, ["u3"]);
-    assert_eq!(read(q(|q| q.q = Some("0%o".into()))).await, Vec::<String>::new());
+    assert_eq!(
+        read(q(|q| q.q = Some("0%o".into()))).await,
+        Vec::<String>::new()
+    );
     assert_eq!(read(q(|q| q.input_id = Some("in-1".into()))).await, ["u3"]);
     assert_eq!(read(q(|q| q.unit = Some("u1".into()))).await, ["u1"]);
     assert_eq!(read(q(|q| q.limit = Some(2))).await, ["u3", "u2"]);
@@ -75,39 +87,69 @@ async fn samples_read_back_by_every_filter_newest_first(f: &Fresh) {
     let u1 = &all[2];
     assert_eq!(u1.request["messages"][0]["content"], "question of u1");
     assert_eq!(u1.response["text"], "Hello there");
-    assert_eq!((u1.prompt_tokens, u1.output_tokens, u1.latency_ms), (Some(12), Some(3), Some(40.5)));
+    assert_eq!(
+        (u1.prompt_tokens, u1.output_tokens, u1.latency_ms),
+        (Some(12), Some(3), Some(40.5))
+    );
     assert_eq!(u1.request_id, "chatcmpl-u1-a");
     assert!(u1.at > 1.7e9);
 }
 
 async fn old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_experiment(f: &Fresh) {
     let s = f.store().await;
-    s.record_samples(&[sample("aa", "a", "u1", "x", None), sample("aa", "a", "u2", "y", None)])
-        .await
-        .unwrap();
+    s.record_samples(&[
+        sample("aa", "a", "u1", "x", None),
+        sample("aa", "a", "u2", "y", None),
+    ])
+    .await
+    .unwrap();
     let now = now();
     assert_eq!(s.delete_samples_before("aa", now - 60.0).await.unwrap(), 0);
-    assert_eq!(s.delete_samples_before("other", now + 60.0).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_samples_before("other", now + 60.0).await.unwrap(),
+        0
+    );
     assert_eq!(s.delete_samples_before("aa", now + 60.0).await.unwrap(), 2);
 
     for e in ["aa", "bb"] {
-        s.record_samples(&[sample(e, "a", "u1", "x", None), sample(e, "a", "u2", "y", None)])
+        s.record_samples(&[
+            sample(e, "a", "u1", "x", None),
+            sample(e, "a", "u2", "y", None),
+        ])
+        .await
+        .unwrap();
+        s.record_exposure(e, &exposure("a", "u1", 1.0))
             .await
             .unwrap();
-        s.record_exposure(e, &exposure("a", "u1", 1.0)).await.unwrap();
-        s.record_exposure(e, &exposure("a", "u2", 1.0)).await.unwrap();
-        s.record_events(e, None, &[event("u1", "m", 1.0), event("u1", "m", 2.0), event("u2", "m", 1.0)])
+        s.record_exposure(e, &exposure("a", "u2", 1.0))
             .await
             .unwrap();
+        s.record_events(
+            e,
+            None,
+            &[
+                event("u1", "m", 1.0),
+                event("u1", "m", 2.0),
+                event("u2", "m", 1.0),
+            ],
+        )
+        .await
+        .unwrap();
     }
     let one = s.erase_unit("u1", Some("aa")).await.unwrap();
     assert_eq!((one.samples, one.exposures, one.events), (1, 1, 2));
     let rest = s.erase_unit("u1", None).await.unwrap();
     assert_eq!((rest.samples, rest.exposures, rest.events), (1, 1, 2));
-    assert_eq!(s.erase_unit("u1", None).await.unwrap(), crate::Erased::default());
+    assert_eq!(
+        s.erase_unit("u1", None).await.unwrap(),
+        crate::Erased::default()
+    );
     // u2 untouched
     for e in ["aa", "bb"] {
-        assert_eq!(s.samples(e, &SampleQuery::default()).await.unwrap().len(), 1);
+        assert_eq!(
+            s.samples(e, &SampleQuery::default()).await.unwrap().len(),
+            1
+        );
         assert_eq!(s.units(e).await.unwrap().values().sum::<u64>(), 1);
     }
 }
