@@ -127,7 +127,7 @@ pub async fn put(
     Ok(Json(e).into_response())
 }
 
-/// Deletes an experiment (its exposures and events stay).
+/// Deletes an experiment and its sampled conversations (its exposures and events stay).
 #[utoipa::path(delete, path = "/v1/experiments/{name}", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, body = Deleted)))]
 pub async fn delete(
     State(cp): State<Arc<ControlPlane>>,
@@ -135,6 +135,12 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     let ab = cp.ab()?;
     cp.find(&name)?;
+    // its sampled conversations go with it (no experiment left to say how long to keep them);
+    // its exposures and events stay, as before
+    ab.store()
+        .delete_samples_before(&name, f64::MAX)
+        .await
+        .inspect_err(|_| cp.metrics.store_error("samples"))?;
     ab.store()
         .delete_experiment(&name)
         .await

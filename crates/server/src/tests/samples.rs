@@ -170,6 +170,16 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
             .await,
         left
     );
+
+    // deleting the experiment deletes its samples (the sweep would no longer see them)
+    let body = json!({"model": "experiment:greet", "user": want[1], "messages": [{"role": "user", "content": "hi"}]});
+    a.post("/v1/chat/completions", body).await;
+    wait_written(&a, want.len() as u64 + 1).await;
+    let q = abserve_ab::SampleQuery::default();
+    assert_eq!(store.samples("greet", &q).await.unwrap().len(), 1);
+    let (st, _, _) = a.call("DELETE", "/v1/experiments/greet", None, &[]).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(store.samples("greet", &q).await.unwrap().is_empty());
 }
 
 #[tokio::test]
