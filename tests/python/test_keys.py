@@ -90,6 +90,12 @@ def test_each_role_reaches_only_its_routes(srv):
     exposures = call(srv, ADMIN, "GET", "/v1/experiments/tone/exposures").json()["exposures"]
     tiers = {x["unit"]: x["service_tier"] for x in exposures}
     assert tiers == {"u1": "interactive", "u2": "batch"}, tiers
+    # an inference key posts events only for the units its own requests were served for
+    r = call(srv, INFERENCE, "POST", "/v1/experiments/tone/events", json={"events": [{"unit": "u2", "metric": "thumbs_up", "value": 1}]})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "not_own_unit", r.text
+    r = call(srv, BATCH, "POST", "/v1/experiments/tone/events", json={"events": [{"unit": "u2", "metric": "thumbs_up", "value": 1}]})
+    assert r.status_code == 200, r.text
+    assert {x["unit"]: x["caller"] for x in exposures} == {"u1": "app", "u2": "nightly"}, exposures
 
 
 def test_a_key_taken_out_of_the_file_fails_at_once_and_sighup_keeps_serving(srv):

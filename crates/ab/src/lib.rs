@@ -30,9 +30,9 @@ pub use experiment::{
 };
 pub use fanout::{utc_day, SPEND_CAP_HELP};
 pub use guardrail::check as check_guardrails;
-pub use samples::{asked_json, Redactor, SampleRules};
+pub use samples::{answer_json, asked_json, Redactor, SampleRules};
 pub use store::{
-    next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, Exposure, HistoryPoint,
+    next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, EvalRun, Exposure, HistoryPoint,
     MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Sample, SampleQuery, Store,
     StoreCondition, StoreError, VariantResult, VariantState, CHANNEL,
 };

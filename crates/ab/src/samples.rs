@@ -270,6 +270,16 @@ mod tests {
     }
 }
 
+/// What a sampled request was answered: `{text}`, with `tool_calls` (OpenAI's shape) when the
+/// answer called tools.
+pub fn answer_json(text: &str, tool_calls: Option<Value>) -> Value {
+    let mut v = serde_json::json!({ "text": text });
+    if let Some(calls) = tool_calls {
+        v["tool_calls"] = calls;
+    }
+    v
+}
+
 /// What a sampled request asked, in OpenAI's request shape: `model`, `messages` (or `prompt`),
 /// its sampling settings and answer structure as they reached the model (the variant applied).
 pub fn asked_json(asked: &crate::Asked, model: &str) -> Value {

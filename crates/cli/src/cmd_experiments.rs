@@ -147,25 +147,11 @@ async fn export_samples(
     if store.experiment(name).await?.is_none() {
         anyhow::bail!("no experiment named '{name}'");
     }
-    let mut q = abserve_ab::SampleQuery {
+    let q = abserve_ab::SampleQuery {
         variant,
-        limit: Some(500),
         ..Default::default()
     };
-    let mut text = String::new();
-    let mut n = 0;
-    loop {
-        let page = store.samples(name, &q).await?;
-        for s in &page {
-            text.push_str(&s.dataset_row().to_string());
-            text.push('\n');
-        }
-        n += page.len();
-        match page.last() {
-            Some(last) if page.len() == 500 => q.before = Some(last.id),
-            _ => break,
-        }
-    }
+    let (text, n) = store.dataset(name, &q).await?;
     std::fs::write(out, text)
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
     eprintln!("{n} samples of '{name}' written to {}", out.display());

@@ -73,6 +73,12 @@ impl ApiError {
         e.code = Some("insufficient_role");
         e
     }
+    /// A 403 for a role that may call the route but not on this object (`code` says why).
+    pub fn forbidden_because(code: &'static str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::FORBIDDEN, "permission_error", message);
+        e.code = Some(code);
+        e
+    }
     pub fn model_not_found(model: &str) -> Self {
         let mut e = Self::new(
             StatusCode::NOT_FOUND,
@@ -84,6 +90,10 @@ impl ApiError {
         e.param = Some("model".into());
         e.code = Some("model_not_found");
         e
+    }
+    /// 409: the request conflicts with the current state (an existing name, a run under way).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message)
     }
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", what)

@@ -30,6 +30,7 @@ use sqlx::sqlite::{
 pub use audit::AuditEntry;
 pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
+pub use evals::EvalRun;
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
     VariantState,
@@ -87,6 +88,9 @@ pub struct Exposure {
     /// The answer's id (its sample's too, when sampled).
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The name of the key whose request it was (`None`: recorded before keys were kept).
+    #[serde(default)]
+    pub caller: Option<String>,
 }
 
 /// An exposure as stored, with when it was recorded (seconds since the Unix epoch).
@@ -132,6 +136,8 @@ macro_rules! on_pool {
 // after the macro, which it uses
 mod audit;
 mod bandit;
+mod callers;
+mod evals;
 mod samples;
 mod spend;
 
@@ -294,15 +300,15 @@ impl Store {
     }
 
     pub async fn record_exposure(&self, experiment: &str, x: &Exposure) -> Result<(), StoreError> {
-        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+        let q = "INSERT INTO exposures (experiment, variant, unit, forced, ts, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id, caller)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
         let tokens = x.output_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         let prompt = x.prompt_tokens.map(|t| t.min(i64::MAX as u64) as i64);
         on_pool!(self, p => sqlx::query(q)
             .bind(experiment).bind(&x.variant).bind(&x.unit).bind(x.forced).bind(now())
             .bind(x.latency_ms).bind(x.ttft_ms).bind(tokens).bind(&x.error)
             .bind(x.constrained).bind(x.grammar_complete).bind(prompt).bind(x.cost)
-            .bind(x.service_tier.map(|c| c.as_str())).bind(&x.request_id)
+            .bind(x.service_tier.map(|c| c.as_str())).bind(&x.request_id).bind(&x.caller)
             .execute(p).await?.rows_affected());
         Ok(())
     }
@@ -314,7 +320,7 @@ impl Store {
         experiment: &str,
         limit: u32,
     ) -> Result<Vec<RecordedExposure>, StoreError> {
-        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id FROM exposures
+        let q = "SELECT ts, variant, unit, forced, latency_ms, ttft_ms, output_tokens, error, constrained, grammar_complete, prompt_tokens, cost, service_tier, request_id, caller FROM exposures
                  WHERE experiment = $1 ORDER BY id DESC LIMIT $2";
         type Row = (
             f64,
@@ -329,6 +335,7 @@ impl Store {
             Option<bool>,
             Option<i64>,
             Option<f64>,
+            Option<String>,
             Option<String>,
             Option<String>,
         );
@@ -351,6 +358,7 @@ impl Store {
                     cost,
                     tier,
                     request_id,
+                    caller,
                 )| {
                     RecordedExposure {
                         at,
@@ -370,6 +378,7 @@ impl Store {
                                 abserve_protocol::Class::from_tier(&t).ok().flatten()
                             }),
                             request_id,
+                            caller,
                         },
                     }
                 },

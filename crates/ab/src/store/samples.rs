@@ -183,6 +183,35 @@ impl Store {
         Ok(())
     }
 
+    /// The samples `f` selects as an `abserve eval` dataset (JSONL, one `Sample::dataset_row` a
+    /// line, newest first), read in pages of 500 from `f.before` on; `f.limit` caps the rows
+    /// (default: all). Answers the text and how many rows it has.
+    pub async fn dataset(
+        &self,
+        experiment: &str,
+        f: &SampleQuery,
+    ) -> Result<(String, usize), StoreError> {
+        const PAGE: u32 = 500;
+        let cap = f.limit.map_or(usize::MAX, |l| l as usize);
+        let mut q = f.clone();
+        let (mut text, mut n) = (String::new(), 0);
+        while n < cap {
+            let want = (cap - n).min(PAGE as usize) as u32;
+            q.limit = Some(want);
+            let page = self.samples(experiment, &q).await?;
+            for s in &page {
+                text.push_str(&s.dataset_row().to_string());
+                text.push('\n');
+            }
+            n += page.len();
+            match page.last() {
+                Some(last) if page.len() as u32 == want => q.before = Some(last.id),
+                _ => break,
+            }
+        }
+        Ok((text, n))
+    }
+
     /// An experiment's samples that `f` selects, newest first.
     pub async fn samples(
         &self,

@@ -34,6 +34,7 @@ fn exposure(variant: &str, unit: &str, latency: f64) -> Exposure {
         cost: None,
         service_tier: None,
         request_id: None,
+        caller: None,
     }
 }
 
@@ -140,7 +141,7 @@ async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fre
     let e = exp();
     {
         let s = f.store().await;
-        assert_eq!(s.schema_version().await.unwrap(), 8);
+        assert_eq!(s.schema_version().await.unwrap(), 10);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
         assert_eq!(
@@ -213,6 +214,7 @@ async fn results_attribute_events_to_the_units_variant_and_skip_forced(f: &Fresh
         cost: None,
         service_tier: None,
         request_id: None,
+        caller: None,
     };
     s.record_exposure("aa", &forced).await.unwrap();
     s.record_events(
@@ -429,7 +431,7 @@ async fn a_store_from_before_sqlx_keeps_its_rows() {
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
-    assert_eq!(s.schema_version().await.unwrap(), 8);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     f.drop().await;
 }
 

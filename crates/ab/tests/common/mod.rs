@@ -62,6 +62,7 @@ pub fn exposure(unit: &str, variant: &str) -> abserve_ab::Exposure {
         cost: None,
         service_tier: None,
         request_id: None,
+        caller: None,
     }
 }
 

@@ -9,8 +9,9 @@ use axum::http::Method;
 const CALLERS: &[Role] = &[Inference, Admin];
 /// Reads experiments and what they measured.
 const READERS: &[Role] = &[Reviewer, Admin];
-/// Outcome events: the application's own (inference), a reviewer's ratings.
-const EVENTS: &[Role] = &[Inference, Reviewer, Admin];
+/// Outcome events: the application's own (inference: only for its own units, `routes::events`);
+/// a reviewer rates through the review route.
+const EVENTS: &[Role] = &[Inference, Admin];
 const EVERY: &[Role] = &[Inference, Reviewer, Admin];
 const ADMIN: &[Role] = &[Admin];
 

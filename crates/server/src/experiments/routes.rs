@@ -3,6 +3,7 @@
 //! PostgreSQL (`abserve_ab::store`); every 2xx that records something was committed before it
 //! was sent.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use abserve_ab::{Experiment, OutcomeEvent};
@@ -166,11 +167,13 @@ enum EventsBody {
 }
 
 /// Records outcome events: one `{unit, metric, value}`, a list of them, or `{batch_id, events}`
-/// (a batch id makes a retry idempotent).
+/// (a batch id makes a retry idempotent). An inference key posts them only for units its own
+/// requests were served for (`only_own_units`); an admin key for any.
 #[utoipa::path(post, path = "/v1/experiments/{name}/events", params(("name" = String, Path, description = "the experiment's name")), request_body = Object, responses((status = 200, body = EventsAccepted)))]
 pub async fn events(
     State(cp): State<Arc<ControlPlane>>,
     UrlPath(name): UrlPath<String>,
+    caller: Option<axum::Extension<crate::keys::Caller>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let ab = cp.ab()?;
@@ -206,6 +209,9 @@ pub async fn events(
             ),
         ));
     }
+    if let Some(c) = caller.filter(|c| c.role == abserve_protocol::Role::Inference) {
+        only_own_units(&cp, &name, &c.name, &events).await?;
+    }
     let n = events.len();
     let stored = ab
         .store()
@@ -218,6 +224,31 @@ pub async fn events(
         duplicate_batch: stored == 0,
     })
     .into_response())
+}
+
+/// Refuses (403) events for a unit that no request of the key named `caller` was served for in
+/// `name` (its exposures record the key's name), naming the first such unit; nothing is stored.
+async fn only_own_units(
+    cp: &ControlPlane,
+    name: &str,
+    caller: &str,
+    events: &[OutcomeEvent],
+) -> Result<(), ApiError> {
+    let units: BTreeSet<&str> = events.iter().map(|e| e.unit.as_str()).collect();
+    let served = cp
+        .ab()?
+        .store()
+        .units_served_to(name, caller, &units)
+        .await
+        .inspect_err(|_| cp.metrics.store_error("events"))?;
+    match units.iter().find(|u| !served.contains(**u)) {
+        None => Ok(()),
+        Some(u) => Err(ApiError::forbidden_because("not_own_unit", format!(
+            "An inference key posts events only for units its own requests were served for: no request of the key '{caller}' was served for unit '{u}' in experiment '{name}' ({} of the {} units in this batch were). Nothing was stored.",
+            served.len(),
+            units.len()
+        ))),
+    }
 }
 
 #[derive(Deserialize)]

@@ -29,6 +29,9 @@ pub struct Routed {
     pub class: Class,
     /// The answer's id (set by the inference API), recorded in its exposure and sample.
     pub request_id: String,
+    /// The name of the key whose request it is (set by the inference API), recorded in its
+    /// exposure: an inference key posts events only for its own units (`routes::events`).
+    pub caller: Option<Arc<str>>,
     /// Its experiment's sampling rules when this unit's conversations are sampled.
     pub sampled: Option<Arc<SampleRules>>,
     /// What a sampled request asked (`abserve_ab::asked_json`; set by the inference API).
@@ -74,6 +77,7 @@ impl ControlPlane {
                 kv_share: e.max_kv_share,
                 class: e.service_tier.unwrap_or_default(),
                 request_id: String::new(),
+                caller: None,
                 sampled: sampled_rules,
                 asked: None,
             };
@@ -104,6 +108,7 @@ impl ControlPlane {
             kv_share: e.max_kv_share,
             class: e.service_tier.unwrap_or_default(),
             request_id: String::new(),
+            caller: None,
             // a unit outside the experiment (the control served, nothing recorded) is not sampled
             sampled: sampled_rules.filter(|_| assigned.is_some() && !stopped),
             asked: None,
@@ -137,6 +142,7 @@ impl ControlPlane {
             cost: d.and_then(|d| d.cost),
             service_tier: Some(routed.class),
             request_id: Some(routed.request_id.clone()).filter(|r| !r.is_empty()),
+            caller: routed.caller.as_deref().map(str::to_string),
         };
         let r = ab.record_exposure(routed.experiment.clone(), x).await;
         if let Err(e) = &r {
@@ -173,10 +179,7 @@ impl ControlPlane {
             return;
         };
         let answer = answer.unwrap_or_default();
-        let mut response = serde_json::json!({"text": answer.text});
-        if let Some(calls) = answer.tool_calls {
-            response["tool_calls"] = calls;
-        }
+        let response = abserve_ab::answer_json(&answer.text, answer.tool_calls);
         let sample = abserve_ab::Sample {
             id: 0,
             experiment: routed.experiment.clone(),

@@ -218,28 +218,17 @@ impl ControlPlane {
     }
 }
 
-/// The samples (the same filters, every page) as an `abserve eval` dataset: JSON lines of
-/// `{id, input, unit, variant, sampled_answer}` — the same inputs, replayed over new variants.
+/// The samples (the same filters, every page; `limit` caps the rows, default all) as an
+/// `abserve eval` dataset: JSON lines of `{id, input, unit, variant, sampled_answer}` — the same
+/// inputs, replayed over new variants.
 #[utoipa::path(get, path = "/v1/experiments/{name}/samples/export", params(("name" = String, Path, description = "the experiment's name")), responses((status = 200, description = "JSON lines, one dataset row per sample", content_type = "application/x-ndjson", body = String)))]
 pub async fn export(
     State(cp): State<Arc<ControlPlane>>,
     UrlPath(name): UrlPath<String>,
-    Query(mut q): Query<SampleQuery>,
+    Query(q): Query<SampleQuery>,
 ) -> Result<Response, ApiError> {
     let (ab, e) = (cp.ab()?, cp.find(&name)?);
-    let mut out = String::new();
-    q.limit = Some(500);
-    loop {
-        let page = ab.store().samples(&e.name, &q).await?;
-        for s in &page {
-            out.push_str(&s.dataset_row().to_string());
-            out.push('\n');
-        }
-        match page.last() {
-            Some(last) if page.len() == 500 => q.before = Some(last.id),
-            _ => break,
-        }
-    }
+    let (out, _) = ab.store().dataset(&e.name, &q).await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
         out,

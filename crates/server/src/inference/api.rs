@@ -127,9 +127,10 @@ fn resolve(
 /// default); written into its routing, which its exposure records.
 fn classify(
     common: &Common,
-    key_class: Option<Class>,
+    caller: Option<&Caller>,
     routed: &mut Option<Routed>,
 ) -> Result<(Class, i32), ApiError> {
+    let key_class = caller.and_then(|c| c.class);
     let default = key_class.unwrap_or(routed.as_ref().map_or(Class::Interactive, |r| r.class));
     let (class, priority) = placement_of(common.service_tier.as_deref(), common.priority, default)?;
     if let Some(r) = routed {
@@ -138,17 +139,18 @@ fn classify(
     Ok((class, priority))
 }
 
-/// Gives a routed request its answer's id and, when its unit is sampled, what it asks the
-/// model (after the variant) and its `input` as the client sent it (the last user message, or
-/// the completions prompt: what an eval replays), for its exposure and sample.
+/// Gives a routed request its answer's id, its key's name and, when its unit is sampled, what
+/// it asks the model (after the variant) and its `input` as the client sent it (the last user
+/// message, or the completions prompt: what an eval replays), for its exposure and sample.
 fn note_routed(
     routed: &mut Option<Routed>,
-    id: &str,
+    (id, caller): (&str, Option<&Caller>),
     (input, asked): (&str, &Asked),
     model_id: &str,
 ) {
     if let Some(r) = routed {
         r.request_id = id.to_string();
+        r.caller = caller.map(|c| c.name.clone());
         if r.sampled.is_some() {
             let mut v = abserve_ab::asked_json(asked, model_id);
             v["input"] = serde_json::Value::String(input.to_string());
@@ -161,7 +163,7 @@ fn chat_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
-    key_class: Option<Class>,
+    caller: Option<&Caller>,
 ) -> Result<ValidRequest, ApiError> {
     let req: ChatRequest = parse_openai(body)?;
     let messages = chat_messages(&req)?;
@@ -180,11 +182,11 @@ fn chat_request(
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, key_class, &mut routed)?;
+    let (class, priority) = classify(&req.common, caller, &mut routed)?;
     let id = Kind::Chat.id();
     note_routed(
         &mut routed,
-        &id,
+        (&id, caller),
         (&input, &asked),
         &state.models.at(model_index).id,
     );
@@ -220,7 +222,7 @@ fn completion_request(
     state: &AppState,
     body: &[u8],
     headers: &HeaderMap,
-    key_class: Option<Class>,
+    caller: Option<&Caller>,
 ) -> Result<ValidRequest, ApiError> {
     let req: CompletionRequest = parse_openai(body)?;
     let n = n_choices(req.common.n)?;
@@ -250,11 +252,11 @@ fn completion_request(
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, key_class, &mut routed)?;
+    let (class, priority) = classify(&req.common, caller, &mut routed)?;
     let id = Kind::Text.id();
     note_routed(
         &mut routed,
-        &id,
+        (&id, caller),
         (&first, &asked),
         &state.models.at(model_index).id,
     );
@@ -298,9 +300,9 @@ pub async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key_class = caller.and_then(|c| c.0.class);
+    let caller = caller.map(|c| c.0);
     let r = match state
-        .off_thread(move |st| chat_request(st, &body, &headers, key_class))
+        .off_thread(move |st| chat_request(st, &body, &headers, caller.as_ref()))
         .await
     {
         Ok(req) => run(state.clone(), req).await,
@@ -319,9 +321,9 @@ pub async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key_class = caller.and_then(|c| c.0.class);
+    let caller = caller.map(|c| c.0);
     let r = match state
-        .off_thread(move |st| completion_request(st, &body, &headers, key_class))
+        .off_thread(move |st| completion_request(st, &body, &headers, caller.as_ref()))
         .await
     {
         Ok(req) => run(state.clone(), req).await,

@@ -52,10 +52,14 @@ pub async fn fanout(
     let e = state.experiments.find(&name)?;
     let exp = e.clone();
     let key_class = caller.and_then(|c| c.0.class);
-    let (input, requests, (class, priority)) = state
+    let Planned {
+        input,
+        requests,
+        asked,
+        placement: (class, priority),
+    } = state
         .off_thread(move |st| fanout_requests(st, &exp, &body, key_class))
         .await?;
-    let asked = sample_requests(&state, &e, &input, &requests);
     let mut results: Vec<FanoutResult> = e
         .variants
         .iter()
@@ -177,18 +181,35 @@ async fn admit_by_model(
     Ok(slots.into_iter().flatten().collect())
 }
 
+/// A fan-out as it will run (`fanout_requests`).
+struct Planned {
+    input: String,
+    /// (variant's position, its model's in the registry, its sequence)
+    requests: Vec<(usize, usize, Prepared)>,
+    /// What each variant is asked (`abserve_ab::asked_json` with the `input`), when the
+    /// experiment samples this input; empty otherwise.
+    asked: Vec<(usize, serde_json::Value)>,
+    /// The fan-out's class and `priority`.
+    placement: (Class, i32),
+}
+
 /// The sequence of every variant of `exp` that answers the fan-out body's input (its
 /// `fanout_rate`), prepared by the variant's model as a chat request routed to that variant
 /// would be (an unset `max_tokens` is clamped to the room the context leaves), beside the
-/// variant's position and its model's in the registry; and the fan-out's class and `priority`
-/// (its `service_tier`, else its key's class, else `fanout`).
+/// variant's position and its model's in the registry; what each is asked when the input is
+/// sampled; and the fan-out's class and `priority` (its `service_tier`, else its key's class,
+/// else `fanout`).
 fn fanout_requests(
     st: &AppState,
     exp: &Experiment,
     body: &[u8],
     key_class: Option<Class>,
-) -> Result<(String, Vec<(usize, usize, Prepared)>, (Class, i32)), ApiError> {
+) -> Result<Planned, ApiError> {
     let b: FanoutBody = crate::body::parse_body(body)?;
+    let sampled = exp
+        .samples
+        .as_ref()
+        .is_some_and(|r| r.sampled(exp.seed(), &b.input));
     // its own service_tier, else its key's class, else fan-out's
     let default = key_class.unwrap_or(Class::Fanout);
     let class = placement_of(b.service_tier.as_deref(), b.priority, default)?;
@@ -196,7 +217,7 @@ fn fanout_requests(
         temperature: Some(1.0),
         ..Default::default()
     };
-    let mut requests = vec![];
+    let (mut requests, mut asked_all) = (vec![], vec![]);
     for (k, v) in exp.variants.iter().enumerate() {
         if !v.fans_out(exp.seed(), &b.input) {
             continue;
@@ -215,6 +236,11 @@ fn fanout_requests(
             ));
         };
         let model = st.experiments.variant_model(v)?;
+        if sampled {
+            let mut j = abserve_ab::asked_json(&asked, &st.models.at(model).id);
+            j["input"] = serde_json::Value::String(b.input.clone());
+            asked_all.push((k, j));
+        }
         let p = st.models.at(model).prepare(
             Input::Chat(msgs),
             &asked.sampling,
@@ -224,47 +250,12 @@ fn fanout_requests(
         )?;
         requests.push((k, model, p));
     }
-    Ok((b.input, requests, class))
-}
-
-/// What each variant is asked, for the samples of an input the experiment samples (none
-/// otherwise).
-fn sample_requests(
-    state: &AppState,
-    e: &Experiment,
-    input: &str,
-    requests: &[(usize, usize, Prepared)],
-) -> Vec<(usize, serde_json::Value)> {
-    if !e
-        .samples
-        .as_ref()
-        .is_some_and(|r| r.sampled(e.seed(), input))
-    {
-        return vec![];
-    }
-    requests
-        .iter()
-        .map(|(k, m, _)| (*k, asked_of(e, *k, input, &state.models.at(*m).id)))
-        .collect()
-}
-
-/// What variant `k` is asked for `input`, as a sample records it.
-fn asked_of(e: &Experiment, k: usize, input: &str, model_id: &str) -> serde_json::Value {
-    let asked = Asked {
-        prompt: Prompt::Chat(vec![ChatMessage::new("user", input)]),
-        sampling: Sampling {
-            temperature: Some(1.0),
-            ..Default::default()
-        },
-        structure: Structure::default(),
-    };
-    // applied once already by fanout_requests (which refused the fan-out if it failed)
-    let mut v = e.variants[k]
-        .apply(asked)
-        .map(|a| abserve_ab::asked_json(&a, model_id))
-        .unwrap_or_default();
-    v["input"] = serde_json::Value::String(input.to_string());
-    v
+    Ok(Planned {
+        input: b.input,
+        requests,
+        asked: asked_all,
+        placement: class,
+    })
 }
 
 /// Queues every answering variant's sample of a fan-out input the experiment samples (by the
@@ -282,14 +273,11 @@ fn offer_samples(
     let input_id = format!("fanout-{:016x}", rand::random::<u64>());
     for (k, request) in asked {
         let r = &results[*k];
-        let mut response = serde_json::json!({"text": r.output.clone().unwrap_or_default()});
-        if let Some(calls) = r
+        let calls = r
             .tool_calls
             .as_ref()
-            .and_then(|c| serde_json::to_value(c).ok())
-        {
-            response["tool_calls"] = calls;
-        }
+            .and_then(|c| serde_json::to_value(c).ok());
+        let response = abserve_ab::answer_json(r.output.as_deref().unwrap_or_default(), calls);
         let sample = abserve_ab::Sample {
             id: 0,
             experiment: e.name.clone(),

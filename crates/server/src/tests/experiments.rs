@@ -455,6 +455,7 @@ async fn an_exposure_begun_is_written_when_its_caller_is_dropped() {
         cost: None,
         service_tier: None,
         request_id: None,
+        caller: None,
     };
     for _ in 0..20 {
         let mut write = Box::pin(ab.record_exposure("greet".into(), x.clone()));

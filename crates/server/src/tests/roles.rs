@@ -350,3 +350,71 @@ async fn a_keys_class_is_its_requests_default_and_their_own_tier_wins() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(last(a), Class::Batch, "the key's class over fan-out's");
 }
+
+#[tokio::test]
+async fn an_inference_key_posts_events_only_for_units_its_own_requests_were_served_for() {
+    let k = keyed().await;
+    let a = &k.app;
+    let msg = json!([{"role": "user", "content": "hi"}]);
+    for (key, unit) in [("sk-inference-1", "u1"), ("sk-batch-1", "u2")] {
+        let routed = json!({"model": "experiment:greet", "messages": msg, "user": unit});
+        let (s, _) = a
+            .as_key(Some(key), "POST", "/v1/chat/completions", Some(routed))
+            .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let events = |units: &[&str]| {
+        let e: Vec<Value> = units
+            .iter()
+            .map(|u| json!({"unit": u, "metric": "thumbs_up", "value": 1}))
+            .collect();
+        Some(json!({ "events": e }))
+    };
+    let post = |key: &'static str, units: &[&str]| {
+        a.as_key(
+            Some(key),
+            "POST",
+            "/v1/experiments/greet/events",
+            events(units),
+        )
+    };
+    let (s, _) = post("sk-inference-1", &["u1"]).await;
+    assert_eq!(s, StatusCode::OK, "its own unit");
+    // a unit another key's request was served for, and one nobody's was: refused, none stored
+    for (key, units) in [
+        ("sk-inference-1", &["u1", "u2"][..]),
+        ("sk-batch-1", &["u1"][..]),
+        ("sk-inference-1", &["u9"][..]),
+    ] {
+        let (s, bytes) = post(key, units).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{key} {units:?}");
+        let e: ErrorBody = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(e.error.kind.as_deref(), Some("permission_error"));
+        assert_eq!(e.error.code.as_deref(), Some("not_own_unit"));
+        assert!(
+            e.error.message.contains("Nothing was stored"),
+            "{}",
+            e.error.message
+        );
+    }
+    let (s, _) = post("sk-admin-1", &["u9", "u2"]).await;
+    assert_eq!(s, StatusCode::OK, "an admin key posts for any unit");
+    let (_, bytes) = a
+        .as_key(
+            Some("sk-admin-1"),
+            "GET",
+            "/v1/experiments/greet/results",
+            None,
+        )
+        .await;
+    let r: Value = serde_json::from_slice(&bytes).unwrap();
+    let sum: f64 = r["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| &v["metrics"]["thumbs_up"]["summary"])
+        .map(|m| m["mean"].as_f64().unwrap_or(0.0) * m["n"].as_f64().unwrap_or(0.0))
+        .sum();
+    // u1 (app) and u2 (admin); u9 has no exposure, so no variant counts it
+    assert_eq!(sum, 2.0, "{r}");
+}

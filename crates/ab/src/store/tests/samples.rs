@@ -1,6 +1,8 @@
 //! Sampled conversations and the audit log (issue 45), on both backends: samples written and
 //! read back by every filter, newest first and paged; the retention delete; a unit erased in one
-//! experiment or all; audit entries newest first.
+//! experiment or all; audit entries newest first; the units served to a key (its exposures).
+
+use std::collections::BTreeSet;
 
 use super::*;
 use crate::{AuditEntry, Sample, SampleQuery};
@@ -9,6 +11,8 @@ on_both!(
     samples_read_back_by_every_filter_newest_first,
     old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_experiment,
     audit_entries_read_back_newest_first,
+    units_served_to_a_key_are_those_its_exposures_name,
+    a_dataset_reads_every_page_newest_first_up_to_its_limit,
 );
 
 fn sample(experiment: &str, variant: &str, unit: &str, text: &str, error: Option<&str>) -> Sample {
@@ -172,4 +176,64 @@ async fn audit_entries_read_back_newest_first(f: &Fresh) {
     assert_eq!(got, [("api-key", 409), ("ops", 201)]);
     assert!(log[0].at >= log[1].at && log[1].at > 1.7e9);
     assert_eq!(s.audit(1).await.unwrap().len(), 1);
+}
+
+async fn units_served_to_a_key_are_those_its_exposures_name(f: &Fresh) {
+    let s = f.store().await;
+    let mut x = exposure("a", "u1", 1.0);
+    x.caller = Some("app".into());
+    s.record_exposure("aa", &x).await.unwrap();
+    x.unit = "u2".into();
+    x.caller = Some("nightly".into());
+    s.record_exposure("aa", &x).await.unwrap();
+    x.unit = "u3".into();
+    x.caller = None;
+    s.record_exposure("aa", &x).await.unwrap();
+    x.unit = "u4".into();
+    x.caller = Some("app".into());
+    s.record_exposure("bb", &x).await.unwrap();
+    // more units than one statement asks about (500), u1 among them
+    let many: Vec<String> = (0..1200).map(|i| format!("v{i}")).collect();
+    let mut asked: BTreeSet<&str> = many.iter().map(String::as_str).collect();
+    asked.extend(["u1", "u2", "u3", "u4"]);
+    let served = s.units_served_to("aa", "app", &asked).await.unwrap();
+    assert_eq!(served, BTreeSet::from(["u1".to_string()]));
+    let served = s.units_served_to("aa", "nightly", &asked).await.unwrap();
+    assert_eq!(served, BTreeSet::from(["u2".to_string()]));
+    assert!(s
+        .units_served_to("bb", "nightly", &asked)
+        .await
+        .unwrap()
+        .is_empty());
+    let back = s.recent_exposures("aa", 10).await.unwrap();
+    let callers: Vec<Option<&str>> = back.iter().map(|r| r.exposure.caller.as_deref()).collect();
+    assert_eq!(callers, [None, Some("nightly"), Some("app")]);
+}
+
+async fn a_dataset_reads_every_page_newest_first_up_to_its_limit(f: &Fresh) {
+    let s = f.store().await;
+    let all: Vec<Sample> = (0..1203)
+        .map(|i| sample("aa", "a", &format!("u{i}"), "hi", None))
+        .collect();
+    s.record_samples(&all).await.unwrap();
+    let (text, n) = s.dataset("aa", &SampleQuery::default()).await.unwrap();
+    let units: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["unit"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(n, 1203);
+    assert_eq!(units.len(), 1203);
+    assert_eq!((units[0].as_str(), units[1202].as_str()), ("u1202", "u0"));
+    let capped = SampleQuery {
+        limit: Some(700),
+        ..Default::default()
+    };
+    let (text, n) = s.dataset("aa", &capped).await.unwrap();
+    assert_eq!((n, text.lines().count()), (700, 700));
+    assert!(text.lines().last().unwrap().contains("\"u503\""));
 }
