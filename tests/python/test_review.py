@@ -2,7 +2,9 @@
 `abserve serve` with keys: a reviewer opens an experiment's sampled conversations, moves with the
 keyboard and rates one (thumbs up, a score, a label) — the rating appears in `/results` as event
 metrics of the sample's unit; fan-out inputs are shown side by side, one column per variant; the
-text filter narrows the list; desktop and phone widths, no console errors.
+text filter narrows the list; desktop and phone widths, no console errors. An eval run started from
+the page over the filtered samples replays them over every variant in the server, judged in both
+orders by the served model, and its report opens from the page.
 
 Screenshots go to $ABSERVE_DASHBOARD_SHOTS (docs/screenshots when refreshing the committed ones),
 else to a temporary folder.
@@ -71,8 +73,14 @@ def seed(s):
     assert len(api(s, "GET", "/v1/experiments/tone/samples").json()["data"]) == 7
 
 
-def test_a_reviewer_rates_by_keyboard_and_the_rating_is_a_metric(srv):
+@pytest.fixture(scope="module")
+def seeded(srv):
     seed(srv)
+    return srv
+
+
+def test_a_reviewer_rates_by_keyboard_and_the_rating_is_a_metric(seeded):
+    srv = seeded
     shots = Path(os.environ.get("ABSERVE_DASHBOARD_SHOTS") or tempfile.mkdtemp(prefix="abserve-shots-"))
     shots.mkdir(parents=True, exist_ok=True)
     errors = []
@@ -135,3 +143,53 @@ def test_a_reviewer_rates_by_keyboard_and_the_rating_is_a_metric(srv):
     rated = api(srv, "GET", "/v1/experiments/tone/samples?reviewed=true", key=REVIEWER).json()["data"]
     assert [(x["unit"], x["review"]["score"], x["review"]["label"], x["review"]["by"]) for x in rated] == [
         (unit, 4, "wrong_language", "rita")]
+
+
+def test_an_eval_run_started_from_the_page_replays_the_filtered_samples(seeded):
+    srv = seeded
+    shots = Path(os.environ.get("ABSERVE_DASHBOARD_SHOTS") or tempfile.mkdtemp(prefix="abserve-shots-"))
+    shots.mkdir(parents=True, exist_ok=True)
+    model = api(srv, "GET", "/v1/models").json()["data"][0]["id"]
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(srv.base + "/#/review/tone")
+        page.fill("#api-key", REVIEWER)
+        page.click("#key-form button[type=submit]")
+        # "Name a fruit." (a live sample) and "Name a river." (a fan-out input, both variants)
+        page.fill("#review-q", "Name a")
+        page.click("#review-filters button[type=submit]")
+        expect(page.locator("article.sample")).to_have_count(3)
+        page.fill("#eval-form input[name=limit]", "10")
+        page.select_option("#eval-form select[name=judge]", model)
+        page.click("#eval-form button[type=submit]")
+        expect(page.locator("#eval-note")).to_contain_text("over 3 samples")
+        done = page.locator("#eval-runs tr[data-status=done]")
+        expect(done).to_have_count(1, timeout=180_000)
+        expect(done).to_contain_text("terse: 3 answered")
+        expect(done).to_contain_text("warm: 3 answered")
+        expect(done).to_contain_text("judge agreed with itself across orders")
+        page.screenshot(path=str(shots / "review-eval.png"), full_page=True)
+        with page.expect_popup() as pop:
+            done.locator("button").click()
+        report = pop.value
+        report.wait_for_load_state()
+        assert "Name a fruit." in report.content() and "Name a river." in report.content()
+        browser.close()
+    assert not errors, errors
+
+    runs = api(srv, "GET", "/v1/experiments/tone/evals", key=REVIEWER).json()["data"]
+    run = runs[0]
+    assert (run["status"], run["rows"], run["who"]) == ("done", 3, "rita"), run
+    assert run["request"]["filter"] == {"limit": 10, "q": "Name a"} and run["request"]["judge"] == model, run
+    s = run["summary"]
+    assert s["rows"] == 3 and {v["id"]: v["answered"] for v in s["variants"]} == {"terse": 3, "warm": 3}, s
+    assert s["judge_agreement"] is not None, s
+    # starting a run and reading its report are audited; an inference-free reviewer may do both
+    audit = api(srv, "GET", "/v1/audit").json()["data"]
+    assert {(a["who"], a["method"], a["path"]) for a in audit} >= {
+        ("rita", "POST", "/v1/experiments/tone/evals"),
+        ("rita", "GET", f"/v1/experiments/tone/evals/{run['id']}/report")}, audit

@@ -162,7 +162,7 @@ def test_exactly_the_sampled_units_are_kept_redacted_and_erased_on_request(srv):
     r = api(srv, "POST", "/v1/experiments/support/events", json={"events": [{"unit": unit, "metric": "thumbs_up", "value": 1}]})
     assert r.status_code == 200, r.text
     erased = api(srv, "DELETE", f"/v1/units/{unit}").json()
-    assert erased == {"unit": unit, "samples": 1, "exposures": 1, "events": 1}, erased
+    assert erased == {"unit": unit, "samples": 1, "exposures": 1, "events": 1, "eval_runs": 0}, erased
     assert api(srv, "GET", f"/v1/experiments/support/samples?unit={unit}").json()["data"] == []
     # a sampled unit is sampled again; an unsampled one never
     again = want[1]

@@ -30,11 +30,12 @@ mod scorers;
 mod target;
 
 pub use analysis::{judge_warning, summarize_run, table, RunFacts, Summary};
-pub use config::{EvalConfig, ScorerKind};
+pub use config::{EvalConfig, Scorer, ScorerKind, DEFAULT_JUDGE_PROMPT};
 pub use dataset::Dataset;
 pub use error::{EvalError, ScoreError};
 pub use judge::both_orders;
 pub use queued::QueueSpec;
+pub use results::ResultRow;
 pub use runner::{check, run, Options, Outcome, Source};
 pub use target::{Call, CallError, Capacity, Generation, Http, Target};
 

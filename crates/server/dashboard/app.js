@@ -66,7 +66,7 @@ async function api(path, opts = {}) {
     throw new ApiError(401, 'API key required');
   }
   if (!r.ok) throw new ApiError(r.status, (body && body.error && body.error.message) || text || r.statusText);
-  return body;
+  return opts.text ? text : body;
 }
 
 function needKey() { return config.auth_required && !sessionStorage.getItem(KEY); }

@@ -3,11 +3,15 @@
 // and text; fan-out inputs side by side, one column per variant (promptfoo's matrix); a rating
 // (thumbs, 1-5, a label, a comment) posted to .../samples/ID/review, which records it as events of
 // the sample's unit. Keyboard: j / k next / previous, u / d thumbs up / down, 1-5 score,
-// l label, c comment, / search. Uses app.js's helpers (h, api, main, failure); text nodes only.
+// l label, c comment, / search. "Evaluate" replays the samples the filters select over every
+// variant in the server (POST .../evals, judged pairwise by a model of the registry when one is
+// chosen) and lists the runs with their HTML reports. Uses app.js's helpers (h, api, main,
+// failure); text nodes only.
 'use strict';
 
 const reviewFilters = { variant: '', error: '', finish_reason: '', reviewed: '', q: '', metric: '', min: '', max: '', stopped: false, matrix: false };
 let reviewName = null;
+let evalTimer = null;
 
 function reviewQuery() {
   const p = new URLSearchParams({ limit: '200' });
@@ -134,10 +138,77 @@ function reviewForm(e, rerender) {
   return form;
 }
 
+// the review filters the server applies (the stopped-variants box is the page's own)
+function evalFilter(limit) {
+  const f = { limit: Number(limit) };
+  for (const k of ['variant', 'finish_reason', 'q', 'metric']) if (reviewFilters[k] !== '') f[k] = reviewFilters[k];
+  for (const k of ['error', 'reviewed']) if (reviewFilters[k] !== '') f[k] = reviewFilters[k] === 'true';
+  for (const k of ['min', 'max']) if (reviewFilters[k] !== '') f[k] = Number(reviewFilters[k]);
+  return f;
+}
+
+async function openReport(path) {
+  const html = await api(path, { text: true });
+  window.open(URL.createObjectURL(new Blob([html], { type: 'text/html' })), '_blank');
+}
+
+function runRow(name, r) {
+  const s = r.summary;
+  const variants = s ? s.variants.map((v) => v.id + ': ' + v.answered + ' answered' + (v.errors ? ', ' + v.errors + ' failed' : '')).join('; ') : '';
+  const judge = s && s.judge_agreement != null ? 'judge agreed with itself across orders on ' + num(100 * s.judge_agreement) + '% of pairs' : '';
+  const report = '/v1/experiments/' + encodeURIComponent(name) + '/evals/' + r.id + '/report';
+  return h('tr', { 'data-run': r.id, 'data-status': r.status },
+    h('td', {}, '#' + r.id), h('td', { 'data-k': 'status' }, r.status), h('td', { class: 'num' }, r.rows),
+    h('td', {}, r.who), h('td', { class: 'wrap' }, [variants, judge, r.error].filter(Boolean).join(' · ')),
+    h('td', {}, r.status === 'done' ? h('button', { type: 'button', class: 'secondary', on: { click: () => openReport(report).catch(failure) } }, 'report') : ''));
+}
+
+async function evalRuns(name, el) {
+  const runs = await api('/v1/experiments/' + encodeURIComponent(name) + '/evals?limit=10');
+  el.replaceChildren(runs.data.length ? h('table', { id: 'eval-runs' },
+    h('thead', {}, h('tr', {}, ['run', 'status', 'rows', 'by', 'outcome', ''].map((t) => h('th', {}, t)))),
+    h('tbody', {}, runs.data.map((r) => runRow(name, r)))) : h('p', { class: 'muted' }, 'No eval run yet.'));
+  return runs.data.some((r) => r.status === 'running');
+}
+
+function evalCard(name, models) {
+  const out = h('div', { id: 'eval-list' });
+  const note = h('p', { class: 'muted', id: 'eval-note' });
+  // while a run is running its row is refreshed every second (only on this page)
+  const poll = async () => {
+    clearInterval(evalTimer);
+    if (!(await evalRuns(name, out))) return;
+    evalTimer = setInterval(async () => {
+      const here = location.hash === '#/review/' + encodeURIComponent(name) && document.body.contains(out);
+      if (!here || !(await evalRuns(name, out).catch(() => false))) clearInterval(evalTimer);
+    }, 1000);
+  };
+  const form = h('form', { id: 'eval-form', class: 'row', on: { submit: async (ev) => {
+    ev.preventDefault();
+    const d = new FormData(form);
+    const body = { filter: evalFilter(d.get('limit')) };
+    if (d.get('judge')) body.judge = String(d.get('judge'));
+    body.answers = String(d.get('answers'));
+    try {
+      const run = await api('/v1/experiments/' + encodeURIComponent(name) + '/evals', { method: 'POST', body: JSON.stringify(body) });
+      note.textContent = 'Run #' + run.id + ' started over ' + run.rows + ' samples.';
+      await poll();
+    } catch (e) { note.textContent = 'Not started: ' + e.message; }
+  } } },
+  h('label', {}, 'Newest samples ', h('input', { name: 'limit', type: 'number', min: 1, max: 500, value: 50 })),
+  h('label', {}, 'Answers ', h('select', { name: 'answers' }, h('option', { value: 'replay' }, 'every variant answers now'), h('option', { value: 'stored' }, 'stored (fan-out inputs)'))),
+  h('label', {}, 'Judge ', h('select', { name: 'judge' }, h('option', { value: '' }, 'none'), models.map((m) => h('option', { value: m }, m)))),
+  h('button', { type: 'submit' }, 'Evaluate'));
+  poll().catch(failure);
+  return h('div', { class: 'card', id: 'eval' }, h('h2', {}, 'Replay over every variant'),
+    h('p', { class: 'muted' }, 'Runs the samples the filters above select (their inputs as the clients sent them) through every variant on this server, behind live traffic — or takes the answers the variants already gave a fan-out input; a judge compares each variant with the control in both orders and counts a verdict only when both agree.'),
+    form, note, out);
+}
+
 async function reviewPage(name) {
   reviewName = name;
   const path = '/v1/experiments/' + encodeURIComponent(name);
-  const [e, page] = await Promise.all([api(path), api(path + '/samples?' + reviewQuery())]);
+  const [e, page, models] = await Promise.all([api(path), api(path + '/samples?' + reviewQuery()), api('/v1/models')]);
   let samples = page.data;
   if (reviewFilters.stopped) {
     const stopped = new Set(e.variants.filter((v) => v.stopped).map((v) => v.id));
@@ -153,7 +224,7 @@ async function reviewPage(name) {
   main().replaceChildren(
     h('h1', {}, 'Review: ', name, ' ', h('a', { href: '#/e/' + encodeURIComponent(name), class: 'muted' }, 'results')),
     h('p', { class: 'muted', id: 'review-help' }, samples.length + ' samples. Keys: j / k next / previous, u / d thumbs up / down, 1-5 score, l label, c comment, / search. Ratings are events of the unit (review_thumbs_up, review_score, review_label_…) and show in the results.'),
-    reviewForm(e, rerender), body);
+    reviewForm(e, rerender), e.samples ? evalCard(name, models.data.map((m) => m.id)) : null, body);
 }
 
 // keyboard review: only on the review page, never while typing

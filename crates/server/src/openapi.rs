@@ -18,7 +18,7 @@ use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr};
 use utoipa::OpenApi;
 
-use crate::experiments::{audit, dashboard, routes as experiments, samples};
+use crate::experiments::{audit, dashboard, evals, routes as experiments, samples};
 use crate::inference::{api, fanout};
 use crate::{auth, health};
 
@@ -48,6 +48,10 @@ use crate::{auth, health};
         samples::export,
         samples::review,
         samples::erase,
+        evals::start,
+        evals::list,
+        evals::one,
+        evals::report,
         auth::me,
         health::health,
         health::ready,

@@ -88,6 +88,8 @@ pub struct Erased {
     pub samples: u64,
     pub exposures: u64,
     pub events: u64,
+    /// Eval runs of the experiments the unit had samples in.
+    pub eval_runs: u64,
 }
 
 /// `%`, `_` and the escape itself escaped for `LIKE ... ESCAPE '\'`.
@@ -265,29 +267,38 @@ impl Store {
         self.sample(experiment, id).await
     }
 
-    /// Deletes an experiment's samples written before `before` (seconds since the epoch): how many.
+    /// Deletes an experiment's samples written before `before` (seconds since the epoch), and its
+    /// eval runs started before it (their reports hold samples' text); answers how many samples.
     pub async fn delete_samples_before(
         &self,
         experiment: &str,
         before: f64,
     ) -> Result<u64, StoreError> {
         let q = "DELETE FROM samples WHERE experiment = $1 AND ts < $2";
-        Ok(
-            on_pool!(self, p => sqlx::query(q).bind(experiment).bind(before).execute(p).await?.rows_affected()),
-        )
+        let runs = "DELETE FROM eval_runs WHERE experiment = $1 AND ts < $2";
+        Ok(on_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            let n = sqlx::query(q).bind(experiment).bind(before).execute(&mut *tx).await?.rows_affected();
+            sqlx::query(runs).bind(experiment).bind(before).execute(&mut *tx).await?;
+            tx.commit().await?;
+            n
+        }))
     }
 
-    /// Deletes everything stored of `unit` — its samples, exposures and events — in one
+    /// Deletes everything stored of `unit` — its samples, exposures and events, and the eval runs
+    /// of the experiments it has samples in (their reports may hold its inputs) — in one
     /// experiment, or in every one (`None`), in one transaction.
     pub async fn erase_unit(
         &self,
         unit: &str,
         experiment: Option<&str>,
     ) -> Result<Erased, StoreError> {
+        let runs = "DELETE FROM eval_runs WHERE experiment IN (SELECT DISTINCT experiment FROM samples WHERE unit = $1 AND ($2 IS NULL OR experiment = $2))";
         let tables = ["samples", "exposures", "events"];
-        let mut n = [0u64; 3];
+        let mut n = [0u64; 4];
         on_pool!(self, p => {
             let mut tx = p.begin().await?;
+            n[3] = sqlx::query(runs).bind(unit).bind(experiment).execute(&mut *tx).await?.rows_affected();
             for (i, t) in tables.iter().enumerate() {
                 let q = format!("DELETE FROM {t} WHERE unit = $1 AND ($2 IS NULL OR experiment = $2)");
                 n[i] = sqlx::query(&q).bind(unit).bind(experiment).execute(&mut *tx).await?.rows_affected();
@@ -298,6 +309,7 @@ impl Store {
             samples: n[0],
             exposures: n[1],
             events: n[2],
+            eval_runs: n[3],
         })
     }
 }

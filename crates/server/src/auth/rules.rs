@@ -50,6 +50,16 @@ pub const RULES: &[(&str, &str, &[Role], bool)] = &[
         READERS,
         false,
     ),
+    ("POST", "/v1/experiments/{name}/evals", READERS, true),
+    ("GET", "/v1/experiments/{name}/evals", READERS, false),
+    ("GET", "/v1/experiments/{name}/evals/{id}", READERS, false),
+    // the report holds sampled conversations' text: a read of samples
+    (
+        "GET",
+        "/v1/experiments/{name}/evals/{id}/report",
+        READERS,
+        true,
+    ),
     ("DELETE", "/v1/units/{unit}", ADMIN, true),
     ("GET", "/v1/engine", READERS, false),
     ("GET", "/v1/me", EVERY, false),

@@ -20,6 +20,7 @@
 pub(crate) mod audit;
 mod check;
 pub(crate) mod dashboard;
+pub(crate) mod evals;
 mod live;
 mod periodic;
 pub(crate) mod routes;
@@ -60,6 +61,8 @@ pub struct ControlPlane {
     pub started: Instant,
     /// Sampled conversations on their way to the store (with a store).
     pub(crate) samples: Option<samples::SampleQueue>,
+    /// The eval run started from the review page, while one runs.
+    eval_runs: evals::Runs,
     prep: Arc<Prep>,
 }
 
@@ -77,6 +80,7 @@ impl ControlPlane {
             .map(|ab| samples::SampleQueue::new(ab.store().clone(), metrics.clone()));
         let cp = Arc::new(ControlPlane {
             samples,
+            eval_runs: evals::Runs::default(),
             ab,
             models,
             metrics,
@@ -190,6 +194,12 @@ pub fn api(cp: Arc<ControlPlane>) -> Router {
             "/experiments/{name}/samples/{id}/review",
             axum::routing::post(samples::review),
         )
+        .route(
+            "/experiments/{name}/evals",
+            get(evals::list).post(evals::start),
+        )
+        .route("/experiments/{name}/evals/{id}", get(evals::one))
+        .route("/experiments/{name}/evals/{id}/report", get(evals::report))
         .route("/units/{unit}", axum::routing::delete(samples::erase))
         .with_state(cp)
 }

@@ -193,11 +193,12 @@ pub async fn erase(
         samples,
         exposures,
         events,
+        eval_runs,
     } = ab
         .store()
         .erase_unit(&unit, q.experiment.as_deref())
         .await?;
-    Ok(Json(serde_json::json!({"unit": unit, "samples": samples, "exposures": exposures, "events": events})).into_response())
+    Ok(Json(serde_json::json!({"unit": unit, "samples": samples, "exposures": exposures, "events": events, "eval_runs": eval_runs})).into_response())
 }
 
 impl ControlPlane {

@@ -60,25 +60,7 @@ pub async fn fanout(
     } = state
         .off_thread(move |st| fanout_requests(st, &exp, &body, key_class))
         .await?;
-    let mut results: Vec<FanoutResult> = e
-        .variants
-        .iter()
-        .map(|v| FanoutResult {
-            variant: v.id.clone(),
-            model: v
-                .model
-                .clone()
-                .unwrap_or_else(|| state.models.default_entry().id.clone()),
-            ..Default::default()
-        })
-        .collect();
-    // the variants fanout_requests left out: their fanout_rate sampled this input out
-    for (k, v) in e.variants.iter().enumerate() {
-        if !requests.iter().any(|(j, _, _)| *j == k) {
-            let rate = v.fanout_rate.unwrap_or(1.0);
-            results[k].skipped = Some(format!("fanout_rate {rate} left this input out"));
-        }
-    }
+    let mut results = blank_results(&state, &e, &requests);
     let ab = state.experiments.ab()?;
     let (holds, running) = hold_spend(&state, ab, &e, requests, &mut results).await;
     let tools: Vec<Option<ToolUse>> = running.iter().map(|(_, _, p)| p.tools.clone()).collect();
@@ -126,6 +108,35 @@ pub async fn fanout(
         input_id,
     })
     .into_response())
+}
+
+/// One result per variant, its model named; the variants `fanout_requests` left out (their
+/// `fanout_rate` sampled this input out) marked `skipped`.
+fn blank_results(
+    state: &AppState,
+    e: &Experiment,
+    requests: &[(usize, usize, Prepared)],
+) -> Vec<FanoutResult> {
+    let mut results: Vec<FanoutResult> = e
+        .variants
+        .iter()
+        .map(|v| FanoutResult {
+            variant: v.id.clone(),
+            model: v
+                .model
+                .clone()
+                .unwrap_or_else(|| state.models.default_entry().id.clone()),
+            ..Default::default()
+        })
+        .collect();
+    // the variants fanout_requests left out: their fanout_rate sampled this input out
+    for (k, v) in e.variants.iter().enumerate() {
+        if !requests.iter().any(|(j, _, _)| *j == k) {
+            let rate = v.fanout_rate.unwrap_or(1.0);
+            results[k].skipped = Some(format!("fanout_rate {rate} left this input out"));
+        }
+    }
+    results
 }
 
 /// The capped variants' holds on their daily spend (`experiments::spend`), by variant, and the

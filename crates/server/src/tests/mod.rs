@@ -4,6 +4,7 @@
 
 mod elsewhere;
 mod engine_death;
+mod evals;
 mod experiments;
 mod fake;
 mod ops;

@@ -120,6 +120,13 @@ fn request_for(method: &str, template: &str, n: usize) -> (String, Option<Value>
             "/v1/experiments/greet/events".into(),
             Some(json!({"events": [{"unit": "u1", "metric": "thumbs_up", "value": 1}]})),
         ),
+        ("POST", "/v1/experiments/{name}/evals") => (
+            "/v1/experiments/greet/evals".into(),
+            Some(json!({"filter": {"limit": 1}})),
+        ),
+        ("GET", t) if t.starts_with("/v1/experiments/{name}/evals/{id}") => {
+            (t.replace("{name}", "greet").replace("{id}", "1"), None)
+        }
         ("POST", "/v1/experiments/{name}/fanout") => (
             "/v1/experiments/greet/fanout".into(),
             Some(json!({"input": "hi"})),
@@ -128,7 +135,26 @@ fn request_for(method: &str, template: &str, n: usize) -> (String, Option<Value>
     }
 }
 
-#[tokio::test]
+async fn eval_finished(a: &App) {
+    for _ in 0..600 {
+        let (_, bytes) = a
+            .as_key(
+                Some("sk-admin-1"),
+                "GET",
+                "/v1/experiments/greet/evals",
+                None,
+            )
+            .await;
+        let runs: Value = serde_json::from_slice(&bytes).unwrap();
+        if runs["data"][0]["status"] != "running" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the eval run did not finish in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_only_the_roles_its_rule_names() {
     let k = keyed().await;
     let a = &k.app;
@@ -170,6 +196,10 @@ async fn every_route_answers_only_the_roles_its_rule_names() {
             let text = String::from_utf8_lossy(&bytes);
             if allowed.contains(&role) {
                 assert!(s.is_success(), "{role:?} {method} {path}: {s} {text}");
+                if template.ends_with("/evals") && method == "POST" {
+                    // one run at a time: the next role's try waits for this one
+                    eval_finished(a).await;
+                }
             } else {
                 assert_eq!(s, StatusCode::FORBIDDEN, "{role:?} {method} {path}: {text}");
                 let e: ErrorBody = serde_json::from_slice(&bytes).unwrap();

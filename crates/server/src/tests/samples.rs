@@ -147,7 +147,7 @@ async fn exactly_the_sampled_units_are_kept_redacted_and_linked_to_their_exposur
     let erased: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         erased,
-        json!({"unit": unit, "samples": 1, "exposures": 1, "events": 1})
+        json!({"unit": unit, "samples": 1, "exposures": 1, "events": 1, "eval_runs": 0})
     );
     assert!(store
         .recent_exposures("greet", 500)

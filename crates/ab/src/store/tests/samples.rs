@@ -13,6 +13,7 @@ on_both!(
     audit_entries_read_back_newest_first,
     units_served_to_a_key_are_those_its_exposures_name,
     a_dataset_reads_every_page_newest_first_up_to_its_limit,
+    an_eval_run_is_running_until_finished_with_its_summary_and_report,
 );
 
 fn sample(experiment: &str, variant: &str, unit: &str, text: &str, error: Option<&str>) -> Sample {
@@ -107,13 +108,18 @@ async fn old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_exper
     ])
     .await
     .unwrap();
+    // an eval run over them holds their text: it goes with them
+    let req = serde_json::json!({});
+    s.start_eval_run("aa", "rita", &req, 2).await.unwrap();
     let now = now();
     assert_eq!(s.delete_samples_before("aa", now - 60.0).await.unwrap(), 0);
+    assert_eq!(s.eval_runs("aa", 10).await.unwrap().len(), 1);
     assert_eq!(
         s.delete_samples_before("other", now + 60.0).await.unwrap(),
         0
     );
     assert_eq!(s.delete_samples_before("aa", now + 60.0).await.unwrap(), 2);
+    assert!(s.eval_runs("aa", 10).await.unwrap().is_empty());
 
     for e in ["aa", "bb"] {
         s.record_samples(&[
@@ -140,10 +146,24 @@ async fn old_samples_are_deleted_and_a_unit_is_erased_everywhere_or_in_one_exper
         .await
         .unwrap();
     }
+    for e in ["aa", "bb", "cc"] {
+        s.start_eval_run(e, "rita", &req, 2).await.unwrap();
+    }
     let one = s.erase_unit("u1", Some("aa")).await.unwrap();
-    assert_eq!((one.samples, one.exposures, one.events), (1, 1, 2));
+    assert_eq!(
+        (one.samples, one.exposures, one.events, one.eval_runs),
+        (1, 1, 2, 1)
+    );
     let rest = s.erase_unit("u1", None).await.unwrap();
-    assert_eq!((rest.samples, rest.exposures, rest.events), (1, 1, 2));
+    assert_eq!(
+        (rest.samples, rest.exposures, rest.events, rest.eval_runs),
+        (1, 1, 2, 1)
+    );
+    assert_eq!(
+        s.eval_runs("cc", 10).await.unwrap().len(),
+        1,
+        "u1 had no sample in cc"
+    );
     assert_eq!(
         s.erase_unit("u1", None).await.unwrap(),
         crate::Erased::default()
@@ -236,4 +256,46 @@ async fn a_dataset_reads_every_page_newest_first_up_to_its_limit(f: &Fresh) {
     let (text, n) = s.dataset("aa", &capped).await.unwrap();
     assert_eq!((n, text.lines().count()), (700, 700));
     assert!(text.lines().last().unwrap().contains("\"u503\""));
+}
+
+async fn an_eval_run_is_running_until_finished_with_its_summary_and_report(f: &Fresh) {
+    let s = f.store().await;
+    let req = serde_json::json!({"filter": {"q": "x"}, "judge": "smol"});
+    let a = s.start_eval_run("aa", "rita", &req, 3).await.unwrap();
+    let b = s.start_eval_run("aa", "ops", &req, 1).await.unwrap();
+    assert!(b > a);
+    let run = s.eval_run("aa", a).await.unwrap().unwrap();
+    assert_eq!(
+        (run.status.as_str(), run.rows, run.who.as_str()),
+        ("running", 3, "rita")
+    );
+    assert_eq!(run.request, req);
+    assert!(run.summary.is_none() && s.eval_report("aa", a).await.unwrap().is_none());
+    let summary = serde_json::json!({"rows": 3});
+    s.finish_eval_run(a, Ok((&summary, "<html>r</html>")))
+        .await
+        .unwrap();
+    s.finish_eval_run(b, Err("the judge is gone"))
+        .await
+        .unwrap();
+    let runs = s.eval_runs("aa", 10).await.unwrap();
+    let got: Vec<(i64, &str, Option<&str>)> = runs
+        .iter()
+        .map(|r| (r.id, r.status.as_str(), r.error.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [(b, "failed", Some("the judge is gone")), (a, "done", None)]
+    );
+    assert_eq!(runs[1].summary, Some(summary));
+    assert!(runs[1].finished.unwrap() >= runs[1].at);
+    assert_eq!(
+        s.eval_report("aa", a).await.unwrap().as_deref(),
+        Some("<html>r</html>")
+    );
+    assert!(
+        s.eval_run("bb", a).await.unwrap().is_none(),
+        "runs belong to their experiment"
+    );
+    assert_eq!(s.eval_runs("aa", 1).await.unwrap().len(), 1);
 }
