@@ -20,16 +20,28 @@ use serde::{Deserialize, Serialize};
     Deserialize,
     utoipa::ToSchema,
 )]
-#[serde(rename_all = "snake_case")]
+// written as `as_str` names; read by `from_tier`, the one table of names (a test holds the
+// derived names to `as_str`)
+#[serde(rename_all = "snake_case", try_from = "String")]
 pub enum Class {
     /// Also read as `priority` (OpenAI's tier for it).
     #[default]
-    #[serde(alias = "priority")]
     Interactive,
     Fanout,
     /// Also read as `flex` (OpenAI's tier for it).
-    #[serde(alias = "flex")]
     Batch,
+}
+
+impl TryFrom<String> for Class {
+    type Error = String;
+
+    /// A class by name (`from_tier`); `auto` and `default` name none, so they are refused where
+    /// a class must be given (leave the field out for the default).
+    fn try_from(name: String) -> Result<Class, String> {
+        Class::from_tier(&name)?.ok_or_else(|| {
+            format!("'{name}' names no class here: leave it out for the default, or use priority, flex, interactive, fanout or batch")
+        })
+    }
 }
 
 impl Class {
@@ -65,5 +77,28 @@ impl Class {
                 ))
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_written_by_their_names_and_read_by_every_tier_name() {
+        for c in Class::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+            assert_eq!(
+                serde_json::from_value::<Class>(c.as_str().into()).unwrap(),
+                c
+            );
+        }
+        let read = |n: &str| serde_json::from_value::<Class>(n.into()).map_err(|e| e.to_string());
+        assert_eq!(read("priority"), Ok(Class::Interactive));
+        assert_eq!(read("flex"), Ok(Class::Batch));
+        assert!(read("auto").unwrap_err().contains("leave it out"));
+        assert!(read("urgent")
+            .unwrap_err()
+            .contains("is not a service tier"));
     }
 }

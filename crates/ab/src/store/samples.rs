@@ -267,6 +267,14 @@ impl Store {
         self.sample(experiment, id).await
     }
 
+    /// How many samples of `experiment` were written at or after `since` (seconds since the
+    /// epoch), by any replica: what its daily cap counts.
+    pub async fn samples_since(&self, experiment: &str, since: f64) -> Result<u64, StoreError> {
+        let q = "SELECT COUNT(*) FROM samples WHERE experiment = $1 AND ts >= $2";
+        let n: i64 = on_pool!(self, p => sqlx::query_scalar(q).bind(experiment).bind(since).fetch_one(p).await?);
+        Ok(n.max(0) as u64)
+    }
+
     /// Deletes an experiment's samples written before `before` (seconds since the epoch), and its
     /// eval runs started before it (their reports hold samples' text); answers how many samples.
     pub async fn delete_samples_before(

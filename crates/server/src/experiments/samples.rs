@@ -8,8 +8,10 @@
 //!   "queue_full"}`), never the request; memory is bounded by the queue;
 //! - redaction (`abserve_ab::Redactor`) runs in the writer before the store sees a sample, on
 //!   every string of the request and the answer and on the error;
-//! - the daily cap is counted per experiment per UTC day by this replica's writer; samples over
-//!   it are dropped and counted (`daily_cap`).
+//! - the daily cap is counted per experiment per UTC day in the store (what every replica wrote
+//!   today, read before each batch), so a restart or a second replica does not start the day
+//!   over; samples over it are dropped and counted (`daily_cap`). Replicas writing at the same
+//!   moment may pass it by at most one batch each.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +80,35 @@ struct WriterState {
 }
 
 impl WriterState {
+    /// Sets today's count of each capped experiment in `batch` to what the store holds from
+    /// today (every replica's); on a store error the count kept here stays.
+    async fn count_stored(
+        &mut self,
+        store: &Store,
+        batch: &[Pending],
+        today: &str,
+        now: std::time::SystemTime,
+    ) {
+        let secs = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let day_start = (secs - secs % 86_400) as f64;
+        let mut seen: Vec<&str> = vec![];
+        for p in batch.iter().filter(|p| p.rules.daily_cap.is_some()) {
+            let e = p.sample.experiment.as_str();
+            if seen.contains(&e) {
+                continue;
+            }
+            seen.push(e);
+            match store.samples_since(e, day_start).await {
+                Ok(n) => {
+                    self.days.insert(e.to_string(), (today.to_string(), n));
+                }
+                Err(err) => tracing::warn!("today's samples of '{e}' could not be counted: {err}"),
+            }
+        }
+    }
+
     /// The sample redacted, or `None` when its experiment's cap for today is reached.
     fn admit(&mut self, p: Pending, today: &str) -> Option<Sample> {
         let Pending { mut sample, rules } = p;
@@ -123,7 +154,9 @@ async fn writer(mut rx: mpsc::Receiver<Pending>, store: Store, metrics: Arc<Metr
                 Err(_) => break,
             }
         }
-        let today = abserve_ab::utc_day(std::time::SystemTime::now());
+        let now = std::time::SystemTime::now();
+        let today = abserve_ab::utc_day(now);
+        st.count_stored(&store, &batch, &today, now).await;
         let n = batch.len();
         // redaction is CPU work: off the async threads
         let (st_back, out) = tokio::task::spawn_blocking(move || {
