@@ -151,9 +151,10 @@ fn device_server(device: &str, extra: &[&str]) -> Server {
 }
 
 /// A server with every layer on the device and a small device budget: the plan covers what
-/// llama.cpp allocated in device buffers, 4 variants × 2 prompts, 4 at a time, finish without
-/// out-of-memory errors (lavapipe makes about 2 tokens/s here: the load is small so that the set
-/// stays within a few minutes of CI), and /ready and /metrics report the device.
+/// llama.cpp allocated in device buffers, 4 variants at once (the server's full concurrency of
+/// 4) finish without out-of-memory errors (lavapipe makes about 2 tokens/s here: the load is
+/// one wave of 8 tokens each so that the set stays within CI's minutes — 8 requests of 12 tokens
+/// took 77 s of the set's 138), and /ready and /metrics report the device.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_on_the_device_stays_within_its_device_plan() {
     let device = vulkan_device();
@@ -182,13 +183,13 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
                 "--concurrency",
                 "4",
                 "--requests",
-                "8",
+                "4",
             ])
             .args([
                 "--prompt-tokens",
                 "32",
                 "--max-tokens",
-                "12",
+                "8",
                 "--timeout",
                 "600",
                 "--assert-no-oom",
@@ -226,7 +227,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     // loadtest's "server" part holds the server's rejections by reason (queue full, timeout)
     assert_eq!(
-        r["by_class"]["ok"], 8,
+        r["by_class"]["ok"], 4,
         "{}; server: {}",
         r["by_class"], r["server"]
     );
@@ -250,7 +251,7 @@ async fn a_server_on_the_device_stays_within_its_device_plan() {
 }
 
 /// Prefixes saved from the device KV (llama.cpp's sequence state) restore into another slot:
-/// 2 slots, 4 system prompts in turn, twice, so that each prompt's cached slot is gone when it
+/// 2 slots, 3 system prompts in turn, twice, so that each prompt's cached slot is gone when it
 /// comes back and its prefix is restored from the host-memory store.
 #[tokio::test(flavor = "multi_thread")]
 async fn prefixes_saved_from_the_device_restore_into_another_slot() {
@@ -258,10 +259,10 @@ async fn prefixes_saved_from_the_device_restore_into_another_slot() {
     let mut s = device_server(&device, &["--max-sequences", "2"]);
     let client = support::client();
     for round in 1..=2 {
-        for v in 1..=4 {
+        for v in 1..=3 {
             let body = serde_json::json!({
                 "model": support::MODEL_ID,
-                "max_tokens": 4,
+                "max_tokens": 2,
                 "temperature": 0,
                 "messages": [
                     {"role": "system", "content": format!(
@@ -285,7 +286,7 @@ async fn prefixes_saved_from_the_device_restore_into_another_slot() {
     let m = abserve_protocol::parse_prometheus(&s.metrics().await);
     let restores = m.get(abserve_protocol::names::PREFIX_RESTORES);
     assert!(
-        restores.is_some_and(|n| n >= 4.0),
+        restores.is_some_and(|n| n >= 3.0),
         "the second round should restore each prompt's prefix: {restores:?} restores"
     );
     s.terminate();

@@ -250,17 +250,39 @@ impl Store {
         Ok(row.map(sample_of))
     }
 
-    /// Sets the review of sample `id` of `experiment`: the sample as it is now, `None` when the
-    /// experiment has no such sample.
+    /// Merges `patch` (a JSON object) into the review of sample `id` of `experiment` in one
+    /// statement, so that reviewers changing different fields at the same moment keep both
+    /// changes (the same field: the last write wins). Answers the sample as it is now, `None`
+    /// when the experiment has no such sample.
     pub async fn review_sample(
         &self,
         experiment: &str,
         id: i64,
-        review: &Value,
+        patch: &Value,
     ) -> Result<Option<Sample>, StoreError> {
-        let set = "UPDATE samples SET review = $1 WHERE experiment = $2 AND id = $3";
-        let n = on_pool!(self, p => sqlx::query(set).bind(review.to_string()).bind(experiment).bind(id)
-            .execute(p).await?.rows_affected());
+        let patch = patch.to_string();
+        let n = match &self.pool {
+            Pool::Sqlite(p) => {
+                let q = "UPDATE samples SET review = json_patch(COALESCE(review, '{}'), $1) WHERE experiment = $2 AND id = $3";
+                sqlx::query(q)
+                    .bind(&patch)
+                    .bind(experiment)
+                    .bind(id)
+                    .execute(p)
+                    .await?
+                    .rows_affected()
+            }
+            Pool::Postgres(p) => {
+                let q = "UPDATE samples SET review = (COALESCE(review, '{}')::jsonb || $1::jsonb)::text WHERE experiment = $2 AND id = $3";
+                sqlx::query(q)
+                    .bind(&patch)
+                    .bind(experiment)
+                    .bind(id)
+                    .execute(p)
+                    .await?
+                    .rows_affected()
+            }
+        };
         if n == 0 {
             return Ok(None);
         }

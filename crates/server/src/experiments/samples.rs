@@ -356,9 +356,8 @@ pub async fn review(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let missing = || ApiError::not_found(format!("Experiment '{name}' has no sample {id}."));
-    let old = ab.store().sample(&e.name, id).await?.ok_or_else(missing)?;
-    // the fields given change, the others stay
-    let mut review = old.review.unwrap_or_else(|| serde_json::json!({}));
+    // the fields given change, the others stay (merged by the store in one statement)
+    let mut review = serde_json::json!({"by": by, "at": now});
     let given = serde_json::json!({"thumbs": b.thumbs, "score": b.score, "label": b.label, "comment": b.comment});
     for (k, v) in given
         .as_object()
@@ -368,8 +367,6 @@ pub async fn review(
     {
         review[k] = v.clone();
     }
-    review["by"] = serde_json::Value::String(by);
-    review["at"] = serde_json::json!(now);
     let sample = ab
         .store()
         .review_sample(&e.name, id, &review)

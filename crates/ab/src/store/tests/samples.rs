@@ -14,6 +14,7 @@ on_both!(
     units_served_to_a_key_are_those_its_exposures_name,
     a_dataset_reads_every_page_newest_first_up_to_its_limit,
     an_eval_run_is_running_until_finished_with_its_summary_and_report,
+    reviews_of_different_fields_at_the_same_moment_keep_every_field,
 );
 
 fn sample(experiment: &str, variant: &str, unit: &str, text: &str, error: Option<&str>) -> Sample {
@@ -298,4 +299,51 @@ async fn an_eval_run_is_running_until_finished_with_its_summary_and_report(f: &F
         "runs belong to their experiment"
     );
     assert_eq!(s.eval_runs("aa", 1).await.unwrap().len(), 1);
+}
+
+async fn reviews_of_different_fields_at_the_same_moment_keep_every_field(f: &Fresh) {
+    let s = f.store().await;
+    s.record_samples(&[sample("aa", "a", "u1", "x", None)])
+        .await
+        .unwrap();
+    let id = s.samples("aa", &SampleQuery::default()).await.unwrap()[0].id;
+    // 24 reviewers at once, each setting a field of its own (and `by`, which the last one wins)
+    let writes: Vec<_> = (0..24)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let patch = serde_json::json!({ format!("f{i}"): i, "by": format!("r{i}") });
+                s.review_sample("aa", id, &patch).await.unwrap().unwrap()
+            })
+        })
+        .collect();
+    for w in writes {
+        w.await.unwrap();
+    }
+    let review = s.sample("aa", id).await.unwrap().unwrap().review.unwrap();
+    for i in 0..24 {
+        assert_eq!(review[format!("f{i}")], i, "{review}");
+    }
+    assert!(review["by"].as_str().unwrap().starts_with('r'));
+    let changed = s
+        .review_sample("aa", id, &serde_json::json!({"f3": "again"}))
+        .await
+        .unwrap()
+        .unwrap()
+        .review
+        .unwrap();
+    assert_eq!(
+        (changed["f3"].as_str(), changed["f4"].as_i64()),
+        (Some("again"), Some(4))
+    );
+    assert!(s
+        .review_sample("aa", id + 1, &serde_json::json!({"f": 1}))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(s
+        .review_sample("bb", id, &serde_json::json!({"f": 1}))
+        .await
+        .unwrap()
+        .is_none());
 }
