@@ -34,6 +34,6 @@ pub use samples::{answer_json, asked_json, Redactor, SampleRules};
 pub use store::{
     next_bandit, Adjusted, Analysis, AuditEntry, Database, Erased, EvalRun, Exposure, HistoryPoint,
     MetricResult, OutcomeEvent, RatioParts, RecordedExposure, Results, Sample, SampleQuery, Store,
-    StoreCondition, StoreError, VariantResult, VariantState, CHANNEL,
+    StoreCondition, StoreError, VariantResult, VariantState, CHANNEL, EVAL_HEARTBEAT,
 };
 pub use variant::{Asked, Prompt, VariantError};

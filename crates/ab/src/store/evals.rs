@@ -1,11 +1,19 @@
 //! Eval runs started from the review page (`eval_runs`): what was asked (the samples' filter and
 //! the judge), by whom, its status (`running`, then `done` or `failed`), and when it ended its
-//! summary (JSON) and HTML report. The run itself is the server's (`abserve_eval` in process).
+//! summary (JSON) and HTML report. The run itself is the server's (`abserve_eval` in process);
+//! while it runs, its process writes a heartbeat every [`HEARTBEAT`] seconds, and a run still
+//! `running` whose heartbeat is older than [`STALE`] seconds is read as `interrupted` (its server
+//! stopped during it).
 
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{now, Pool, Store, StoreError};
+
+/// Seconds between a running run's heartbeats.
+pub const HEARTBEAT: f64 = 5.0;
+/// A running run whose heartbeat is this old is `interrupted`.
+pub const STALE: f64 = 30.0;
 
 /// One eval run, without its report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -20,7 +28,8 @@ pub struct EvalRun {
     pub request: Value,
     /// Dataset rows (samples) it replays.
     pub rows: u64,
-    /// `running`, `done` or `failed`.
+    /// `running`, `done`, `failed`, or `interrupted` (still `running` in the store, its
+    /// heartbeat stopped).
     pub status: String,
     pub finished: Option<f64>,
     pub error: Option<String>,
@@ -39,10 +48,14 @@ type Row = (
     Option<f64>,
     Option<String>,
     Option<String>,
+    Option<f64>,
 );
 
 fn run_of(r: Row) -> EvalRun {
-    let (id, experiment, at, who, request, rows, status, finished, error, summary) = r;
+    let (id, experiment, at, who, request, rows, mut status, finished, error, summary, beat) = r;
+    if status == "running" && now() - beat.unwrap_or(at) > STALE {
+        status = "interrupted".into();
+    }
     EvalRun {
         id,
         experiment,
@@ -57,7 +70,8 @@ fn run_of(r: Row) -> EvalRun {
     }
 }
 
-const COLUMNS: &str = "id, experiment, ts, who, request, rows, status, finished, error, summary";
+const COLUMNS: &str =
+    "id, experiment, ts, who, request, rows, status, finished, error, summary, heartbeat";
 
 impl Store {
     /// Records a started run (`running`); answers its id.
@@ -68,11 +82,18 @@ impl Store {
         request: &Value,
         rows: u64,
     ) -> Result<i64, StoreError> {
-        let q = "INSERT INTO eval_runs (experiment, ts, who, request, rows, status) VALUES ($1, $2, $3, $4, $5, 'running') RETURNING id";
+        let q = "INSERT INTO eval_runs (experiment, ts, who, request, rows, status, heartbeat) VALUES ($1, $2, $3, $4, $5, 'running', $2) RETURNING id";
         let rows = rows.min(i64::MAX as u64) as i64;
         Ok(on_pool!(self, p => sqlx::query_scalar::<_, i64>(q)
             .bind(experiment).bind(now()).bind(who).bind(request.to_string()).bind(rows)
             .fetch_one(p).await?))
+    }
+
+    /// A running run's heartbeat: its process is still at it (at `at`, seconds since the epoch).
+    pub async fn beat_eval_run(&self, id: i64, at: f64) -> Result<(), StoreError> {
+        let q = "UPDATE eval_runs SET heartbeat = $2 WHERE id = $1 AND status = 'running'";
+        on_pool!(self, p => sqlx::query(q).bind(id).bind(at).execute(p).await?.rows_affected());
+        Ok(())
     }
 
     /// Ends a run: `done` with its summary and report, or `failed` with why.

@@ -30,7 +30,7 @@ use sqlx::sqlite::{
 pub use audit::AuditEntry;
 pub use bandit::next_bandit;
 pub use error::{StoreCondition, StoreError};
-pub use evals::EvalRun;
+pub use evals::{EvalRun, HEARTBEAT as EVAL_HEARTBEAT};
 pub use results::{
     Adjusted, Analysis, HistoryPoint, MetricResult, RatioParts, Results, VariantResult,
     VariantState,

@@ -141,7 +141,7 @@ async fn experiments_and_events_survive_reopening_and_batches_count_once(f: &Fre
     let e = exp();
     {
         let s = f.store().await;
-        assert_eq!(s.schema_version().await.unwrap(), 10);
+        assert_eq!(s.schema_version().await.unwrap(), 11);
         s.put_experiment(&e).await.unwrap();
         let ev = vec![event("u1", "clicked", 1.0)];
         assert_eq!(
@@ -431,7 +431,7 @@ async fn a_store_from_before_sqlx_keeps_its_rows() {
     pool.close().await;
     let s = f.store().await;
     assert_eq!(s.experiments().await.unwrap(), vec![exp()]);
-    assert_eq!(s.schema_version().await.unwrap(), 10);
+    assert_eq!(s.schema_version().await.unwrap(), 11);
     f.drop().await;
 }
 

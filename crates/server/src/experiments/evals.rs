@@ -6,9 +6,10 @@
 //! run's summary and HTML report are kept with it in the store (`eval_runs`).
 //!
 //! Invariants: at most one run at a time per process (a second is refused with 409 while one
-//! runs); at most [`MAX_ROWS`] rows; a run is `running` until it is written `done` or `failed`
-//! (a process stopped during a run leaves it `running`: the run's `at` tells how old it is); the
-//! run's working files live in a temporary folder removed when it ends.
+//! runs); at most [`MAX_ROWS`] rows; a run is `running` until it is written `done` or `failed`,
+//! its heartbeat written every few seconds meanwhile (a process stopped during a run leaves it
+//! without one: it reads as `interrupted`, `abserve_ab::EvalRun`); the run's working files live
+//! in a temporary folder removed when it ends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -191,24 +192,49 @@ pub async fn start(
         .start_eval_run(&e.name, &who, &request, rows as u64)
         .await?;
     let cfg = config(&e, body.judge.as_deref());
-    let models = cp.models.clone();
+    spawn_run(store, cfg, (text, answered), cp.models.clone(), (id, slot));
+    let run = ab.store().eval_run(&e.name, id).await?;
+    Ok((StatusCode::ACCEPTED, Json(run)).into_response())
+}
+
+/// Runs eval run `id` in the background and writes its outcome; its slot is freed at the end.
+fn spawn_run(
+    store: abserve_ab::Store,
+    cfg: EvalConfig,
+    (text, answered): (String, Vec<ResultRow>),
+    models: abserve_models::Registry,
+    (id, slot): (i64, Slot),
+) {
     // the eval's future is not `Send` for every lifetime (its judge's streams borrow the run),
     // so it is driven on a blocking thread of this runtime, as the CLI drives it on its own
     let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
+        // the run's heartbeat while it runs (a run whose server stops reads as interrupted)
+        let beats = store.clone();
+        let beating = handle.spawn(async move {
+            let every = std::time::Duration::from_secs_f64(abserve_ab::EVAL_HEARTBEAT);
+            loop {
+                tokio::time::sleep(every).await;
+                let at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                if let Err(e) = beats.beat_eval_run(id, at).await {
+                    tracing::warn!("eval run {id}: its heartbeat was not written: {e}");
+                }
+            }
+        });
         let ds = Dataset::from_jsonl(&text);
         let outcome = handle.block_on(run(cfg, ds, answered, models, id));
         let written = handle.block_on(match &outcome {
             Ok((summary, report)) => store.finish_eval_run(id, Ok((summary, report.as_str()))),
             Err(why) => store.finish_eval_run(id, Err(why.as_str())),
         });
+        beating.abort();
         if let Err(e) = written {
             tracing::error!("eval run {id}: writing its outcome failed: {e}");
         }
         drop(slot);
     });
-    let run = ab.store().eval_run(&e.name, id).await?;
-    Ok((StatusCode::ACCEPTED, Json(run)).into_response())
 }
 
 /// A run's working folder (its results log), removed when the run ends.

@@ -299,6 +299,25 @@ async fn an_eval_run_is_running_until_finished_with_its_summary_and_report(f: &F
         "runs belong to their experiment"
     );
     assert_eq!(s.eval_runs("aa", 1).await.unwrap().len(), 1);
+    // a run whose process stopped beating reads as interrupted; a beating one as running
+    let c = s.start_eval_run("aa", "rita", &req, 1).await.unwrap();
+    let stale = now() - crate::store::evals::STALE - 1.0;
+    s.beat_eval_run(c, stale).await.unwrap();
+    assert_eq!(
+        s.eval_run("aa", c).await.unwrap().unwrap().status,
+        "interrupted"
+    );
+    s.beat_eval_run(c, now()).await.unwrap();
+    assert_eq!(
+        s.eval_run("aa", c).await.unwrap().unwrap().status,
+        "running"
+    );
+    s.beat_eval_run(a, stale).await.unwrap();
+    assert_eq!(
+        s.eval_run("aa", a).await.unwrap().unwrap().status,
+        "done",
+        "a finished run keeps its status"
+    );
 }
 
 async fn reviews_of_different_fields_at_the_same_moment_keep_every_field(f: &Fresh) {
