@@ -38,6 +38,15 @@ pub struct Caller {
     pub class: Option<Class>,
 }
 
+/// The name an action is recorded under (a review's `by`, an eval run's `who`): the caller's
+/// key name, `anonymous` on a server without keys.
+pub fn name_of(caller: Option<&Caller>) -> String {
+    caller.map_or_else(
+        || Caller::anonymous().name.to_string(),
+        |c| c.name.to_string(),
+    )
+}
+
 impl Caller {
     fn anonymous() -> Caller {
         Caller {

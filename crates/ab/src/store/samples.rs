@@ -260,29 +260,13 @@ impl Store {
         id: i64,
         patch: &Value,
     ) -> Result<Option<Sample>, StoreError> {
-        let patch = patch.to_string();
-        let n = match &self.pool {
-            Pool::Sqlite(p) => {
-                let q = "UPDATE samples SET review = json_patch(COALESCE(review, '{}'), $1) WHERE experiment = $2 AND id = $3";
-                sqlx::query(q)
-                    .bind(&patch)
-                    .bind(experiment)
-                    .bind(id)
-                    .execute(p)
-                    .await?
-                    .rows_affected()
-            }
-            Pool::Postgres(p) => {
-                let q = "UPDATE samples SET review = (COALESCE(review, '{}')::jsonb || $1::jsonb)::text WHERE experiment = $2 AND id = $3";
-                sqlx::query(q)
-                    .bind(&patch)
-                    .bind(experiment)
-                    .bind(id)
-                    .execute(p)
-                    .await?
-                    .rows_affected()
-            }
+        // the merge is each database's own JSON function; the rest is one statement
+        let q = match &self.pool {
+            Pool::Sqlite(_) => "UPDATE samples SET review = json_patch(COALESCE(review, '{}'), $1) WHERE experiment = $2 AND id = $3",
+            Pool::Postgres(_) => "UPDATE samples SET review = (COALESCE(review, '{}')::jsonb || $1::jsonb)::text WHERE experiment = $2 AND id = $3",
         };
+        let n = on_pool!(self, p => sqlx::query(q).bind(patch.to_string()).bind(experiment).bind(id)
+            .execute(p).await?.rows_affected());
         if n == 0 {
             return Ok(None);
         }

@@ -185,7 +185,7 @@ pub async fn start(
             "An eval run of this server is running; start the next when it has finished (GET …/evals shows its status).",
         ));
     };
-    let who = caller.map_or_else(|| "anonymous".to_string(), |c| c.0.name.to_string());
+    let who = crate::keys::name_of(caller.as_deref());
     let request = serde_json::json!({"filter": body.filter, "judge": body.judge, "limit": q.limit, "answers": body.answers});
     let store = ab.store().clone();
     let id = store
@@ -215,10 +215,7 @@ fn spawn_run(
             let every = std::time::Duration::from_secs_f64(abserve_ab::EVAL_HEARTBEAT);
             loop {
                 tokio::time::sleep(every).await;
-                let at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                if let Err(e) = beats.beat_eval_run(id, at).await {
+                if let Err(e) = beats.beat_eval_run(id, super::unix_now()).await {
                     tracing::warn!("eval run {id}: its heartbeat was not written: {e}");
                 }
             }

@@ -176,6 +176,13 @@ impl ControlPlane {
     }
 }
 
+/// Now, in seconds since the Unix epoch (what the store and the statistics take as time).
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// The control plane's routes under `/v1` (definitions, events, results, the dashboard's data).
 pub fn api(cp: Arc<ControlPlane>) -> Router {
     use routes::*;

@@ -57,10 +57,7 @@ impl ControlPlane {
                     }
                     pass(&st, ab, &e, &r, running).await;
                 }
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                st.sweep_samples(now).await;
+                st.sweep_samples(super::unix_now()).await;
             }
         });
     }
@@ -101,9 +98,7 @@ async fn bandit(ab: &AbState, e: &Experiment, b: &abserve_statistics::bandit::Ba
             ab.stick(&e.name, &unit, &variant);
         }
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let now = super::unix_now();
     let estimates: Vec<_> = b.arms.iter().map(|a| a.estimate).collect();
     let Some(next) = abserve_ab::next_bandit(e, &estimates, now) else {
         return;
@@ -140,9 +135,7 @@ async fn stop(st: &ControlPlane, ab: &AbState, experiment: &str, variant: &str, 
     else {
         return;
     };
-    harm.at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    harm.at = super::unix_now();
     v.stopped = Some(harm.clone());
     if let Err(err) = ab.store().put_experiment(&e).await {
         tracing::error!("storing the guardrail stop of {experiment}/{variant} failed: {err}");

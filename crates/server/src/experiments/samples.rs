@@ -351,10 +351,8 @@ pub async fn review(
             format!("a comment has at most {MAX_COMMENT} characters"),
         ));
     }
-    let by = caller.map_or_else(|| "anonymous".to_string(), |c| c.0.name.to_string());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let by = crate::keys::name_of(caller.as_deref());
+    let now = super::unix_now();
     let missing = || ApiError::not_found(format!("Experiment '{name}' has no sample {id}."));
     // the fields given change, the others stay (merged by the store in one statement)
     let mut review = serde_json::json!({"by": by, "at": now});
