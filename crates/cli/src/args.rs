@@ -62,6 +62,12 @@ pub struct ModelArgs {
     /// next to nothing).
     #[arg(long, default_value = "on", value_parser = ["on", "off", "always"])]
     pub speculative: String,
+    /// A draft model for speculative decoding: a smaller GGUF with the model's vocabulary (e.g.
+    /// its first layers: self-speculation), for the first `--model`. It drafts greedily where
+    /// prompt lookup finds nothing, on the host, verified in the same batch (output unchanged),
+    /// and the memory plan counts its weights, KV and compute.
+    #[arg(long, value_name = "GGUF")]
+    pub draft_model: Option<std::path::PathBuf>,
     /// CPU threads for llama.cpp (default: all cores).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -158,8 +164,10 @@ impl ModelArgs {
             .map(|spec| ModelConfig::parse(spec, &base).map_err(|e| anyhow::anyhow!(e)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         ModelConfig::set_shares(&mut models, &self.model_share).map_err(|e| anyhow::anyhow!(e))?;
-        // adapters are tensors of one base model's weights: they belong to the first
+        // adapters are tensors of one base model's weights, and a draft model drafts for one
+        // vocabulary: they belong to the first
         for m in models.iter_mut().skip(1) {
+            m.config.draft_model = None;
             m.config.adapters.clear();
             m.config.adapter_dir = None;
             m.config.adapter_memory = 0;
@@ -202,6 +210,7 @@ impl ModelArgs {
             "always" => abserve_engine::Speculation::Always,
             _ => abserve_engine::Speculation::Measured,
         };
+        c.draft_model = self.draft_model.clone();
         c.kv_unified = self.kv_unified;
         if !(self.max_itl_ms >= 0.0 && self.max_itl_ms.is_finite()) {
             anyhow::bail!(

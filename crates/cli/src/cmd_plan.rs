@@ -76,6 +76,7 @@ fn hypothetical(a: &PlanArgs, cfg: &EngineConfig, w: u64) -> anyhow::Result<Memo
         prefix_store: cfg.prefix_store,
         // without a tensor table the weights are spread evenly over the layers
         lanes: cfg.adapter_lanes,
+        draft: None,
         offload: cfg.device.as_ref().and_then(|d| {
             let gpu_layers = cfg.offloaded_layers(layers);
             (gpu_layers > 0).then(|| Offload {

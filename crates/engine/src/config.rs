@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::device::Device;
 use crate::gguf::{GgufError, GgufHeader, ModelShape};
-use crate::plan::{available_memory, Budget, DoesNotFit, KvType, MemoryPlan, Offload, PlanRequest};
+use crate::plan::{
+    available_memory, Budget, DoesNotFit, DraftRequest, KvType, MemoryPlan, Offload, PlanRequest,
+};
 use crate::scheduler::{SchedulerConfig, Speculation};
 
 /// How many requests may wait beyond the running slots.
@@ -70,6 +72,10 @@ pub struct EngineConfig {
     /// Speculative decoding by prompt lookup, per sequence where its measured acceptance pays
     /// (see docs/engine.md).
     pub speculative: Speculation,
+    /// A draft model for speculative decoding (`--draft-model`): a smaller GGUF with the same
+    /// vocabulary (e.g. the model's first layers), drafting where prompt lookup finds nothing.
+    /// On the host, counted in the plan (weights, KV per cell, compute).
+    pub draft_model: Option<PathBuf>,
     /// The device layers are offloaded to (a GPU of a CUDA or Vulkan build, or a fake in tests);
     /// `None`: everything on the host.
     pub device: Option<DeviceHandle>,
@@ -149,6 +155,7 @@ impl EngineConfig {
             prefix_store: None,
             fast_forward: true,
             speculative: Speculation::Measured,
+            draft_model: None,
             device: None,
             gpu_layers: None,
             device_budget: Budget::Fraction(1.0),
@@ -213,6 +220,34 @@ impl EngineConfig {
         s
     }
 
+    /// The draft model's part of the plan, checked against the model's `shape`: the same
+    /// vocabulary size (the tokens themselves are compared when it loads), and no device (the
+    /// draft runs on the host).
+    fn draft(&self, shape: &ModelShape) -> Result<Option<DraftRequest>, EngineError> {
+        let Some(path) = &self.draft_model else {
+            return Ok(None);
+        };
+        let bad = |why: String| EngineError::DraftModel(format!("{}: {why}", path.display()));
+        if self.offloaded_layers(shape.n_layer) > 0 {
+            return Err(bad(
+                "a draft model runs on the host; with layers on a device it is not supported yet"
+                    .into(),
+            ));
+        }
+        let header = GgufHeader::read(path).map_err(|e| bad(e.to_string()))?;
+        let draft = ModelShape::from_header(&header).map_err(|e| bad(e.to_string()))?;
+        if draft.n_vocab != shape.n_vocab {
+            return Err(bad(format!(
+                "its vocabulary has {} tokens and the model's {}: a draft must share the model's vocabulary",
+                draft.n_vocab, shape.n_vocab
+            )));
+        }
+        Ok(Some(DraftRequest {
+            weights_bytes: header.weights_bytes(),
+            shape: draft,
+        }))
+    }
+
     pub fn plan(&self) -> Result<(GgufHeader, MemoryPlan), EngineError> {
         let header = GgufHeader::read(&self.model)?;
         let shape = ModelShape::from_header(&header)?;
@@ -243,6 +278,7 @@ impl EngineConfig {
             },
             lanes: self.adapter_lanes,
             offload: self.offload(&header, &shape),
+            draft: self.draft(&shape)?,
         });
         Ok((header, plan))
     }
@@ -268,6 +304,8 @@ pub enum EngineError {
     Models(String),
     #[error("--adapter-lanes {0} needs split KV streams: each lane is a context of its own slots, and a unified cache is one pool for every slot (drop --kv-unified or use one lane)")]
     LanesNeedSplitStreams(u64),
+    #[error("--draft-model {0}")]
+    DraftModel(String),
     #[error("--context {context} is longer than the model's training context of {train} tokens")]
     ContextTooLong { context: u64, train: u64 },
 }

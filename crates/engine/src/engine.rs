@@ -21,8 +21,8 @@ use crate::engine_loop::{run_guarded, Command};
 use crate::grammar::Grammars;
 use crate::lane_split::Lanes;
 use crate::llama::{
-    begin_buffer_log, take_buffer_log, Context, ContextConfig, Lane, LlamaBuffers, LlamaCompute,
-    LlamaError, Model,
+    begin_buffer_log, take_buffer_log, Context, ContextConfig, Drafter, Lane, LlamaBuffers,
+    LlamaCompute, LlamaError, Model,
 };
 use crate::plan::{current_rss, human_bytes, return_large_frees, MemoryPlan};
 use crate::prepare::{self, Tokenizer};
@@ -103,6 +103,67 @@ struct EngineThread {
     /// The plan's adapter reservation: the adapters to load before the first request (`--lora`,
     /// as it resolved them), and what may be loaded and must be freed later.
     adapters: Option<AdapterBudget>,
+    /// The draft model (`--draft-model`), its context made on the thread.
+    draft: Option<Model>,
+}
+
+/// Loads `--draft-model` (on the host) and checks that its tokens are the model's, id by id: a
+/// draft of other tokens would propose what the model never says.
+fn load_draft(cfg: &EngineConfig, model: &Model) -> Result<Option<Model>, EngineError> {
+    let Some(path) = &cfg.draft_model else {
+        return Ok(None);
+    };
+    let draft = Model::load(path, cfg.use_mmap, None)?;
+    let differs = (0..model.n_vocab() as i32).find(|&t| draft.piece(t) != model.piece(t));
+    if draft.n_vocab() != model.n_vocab() || differs.is_some() {
+        return Err(EngineError::DraftModel(format!(
+            "{}: its vocabulary is not the model's ({} and {} tokens{})",
+            path.display(),
+            draft.n_vocab(),
+            model.n_vocab(),
+            differs.map_or(String::new(), |t| format!(", token {t} differs")),
+        )));
+    }
+    Ok(Some(draft))
+}
+
+/// The thread's llama.cpp state: a context per lane, the adapters loaded at start, the draft
+/// model's context.
+type Contexts<'m> = (
+    Vec<Lane<'m>>,
+    HashMap<PathBuf, llama_cpp_2::model::LlamaLoraAdapter>,
+    Option<Drafter<'m>>,
+);
+
+/// Creates the contexts (one per lane of `split`), loads the adapters the plan admitted at
+/// start and creates the draft model's context.
+fn contexts<'m>(
+    model: &'m Model,
+    draft: Option<&'m Model>,
+    plan: &MemoryPlan,
+    cfg: &ContextConfig,
+    adapters: Option<&AdapterBudget>,
+    split: Lanes,
+) -> Result<Contexts<'m>, LlamaError> {
+    let mut lanes = Vec::with_capacity(split.count());
+    for l in 0..split.count() {
+        let lane = lane_plan(plan, split, l);
+        lanes.push(Lane::new(Context::new(model, &lane, cfg)?));
+    }
+    let mut loras = HashMap::new();
+    let preload = adapters.map(|a| a.admitted()).unwrap_or_default();
+    for (p, _) in &preload {
+        let a = model.load_lora(p).map_err(LlamaError::Adapter)?;
+        loras.insert(p.clone(), a);
+        if let Some(b) = adapters {
+            b.mark_loaded(p);
+        }
+    }
+    let drafter = match draft {
+        Some(m) => Some(Drafter::new(m, plan, cfg)?),
+        None => None,
+    };
+    Ok((lanes, loras, drafter))
 }
 
 impl EngineThread {
@@ -117,35 +178,21 @@ impl EngineThread {
             .name("abserve-engine".into())
             .spawn(move || {
                 let split = Lanes::new(self.plan.seq_slots as usize, self.plan.lanes as usize);
-                let mut lanes = Vec::with_capacity(split.count());
-                for l in 0..split.count() {
-                    match Context::new(&self.model, &lane_plan(&self.plan, split, l), &self.context)
-                    {
-                        Ok(c) => lanes.push(Lane::new(c)),
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
+                let made = contexts(
+                    &self.model,
+                    self.draft.as_ref(),
+                    &self.plan,
+                    &self.context,
+                    self.adapters.as_ref(),
+                    split,
+                );
+                let (lanes, loras, drafter) = match made {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
                     }
-                }
-                let mut loras = HashMap::new();
-                let preload = self
-                    .adapters
-                    .as_ref()
-                    .map(|a| a.admitted())
-                    .unwrap_or_default();
-                for (p, _) in &preload {
-                    match self.model.load_lora(p) {
-                        Ok(a) => loras.insert(p.clone(), a),
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(LlamaError::Adapter(e)));
-                            return;
-                        }
-                    };
-                    if let Some(b) = &self.adapters {
-                        b.mark_loaded(p);
-                    }
-                }
+                };
                 let _ = ready_tx.send(Ok((current_rss(), take_buffer_log())));
                 let mut compute = LlamaCompute {
                     model: &self.model,
@@ -158,6 +205,7 @@ impl EngineThread {
                     threads: self.context.threads,
                     broken: Vec::new(),
                     refused: None,
+                    drafter,
                 };
                 let mut sched = Scheduler::new(self.scheduler, self.stats);
                 if let Some(o) = self.observer {
@@ -255,6 +303,7 @@ impl Engine {
             .and_then(|d| d.0.ggml_index())
             .map(|index| (index, cfg.offloaded_layers(plan.shape.n_layer)));
         let model = Arc::new(Model::load(&cfg.model, cfg.use_mmap, placement)?);
+        let draft = load_draft(&cfg, &model)?;
         let rss_after_load = current_rss();
         let (bos, eos) = model.bos_eos_text();
         let chat = ChatTemplate::new(header.chat_template(), &bos, &eos);
@@ -273,6 +322,7 @@ impl Engine {
             observer,
             failure: failure.clone(),
             adapters: adapters.clone(),
+            draft,
         }
         .spawn(rx)?;
         let measured = MeasuredMemory {

@@ -23,8 +23,10 @@ use crate::grammar::{TokenBytes, Vocab};
 use crate::plan::{KvType, MemoryPlan};
 
 mod compute;
+mod draft;
 
 pub(crate) use self::compute::{Lane, LlamaCompute};
+pub(crate) use self::draft::Drafter;
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// llama.cpp's lines about buffer sizes while an engine starts, kept to compare the plan with

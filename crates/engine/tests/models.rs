@@ -224,3 +224,123 @@ fn two_models_in_one_process_allocate_their_plans_and_answer_as_alone() {
     assert!(b.weights_bytes < a.weights_bytes && b.kv_bytes_per_token * 2 == a.kv_bytes_per_token);
     assert_ne!(together[0], together[1]);
 }
+
+/// A draft model (`--draft-model`, the same vocabulary): the plan counts its weights and KV —
+/// llama.cpp's KV buffers of both contexts together are the plan's `kv_bytes` — it drafts, and
+/// the greedy answers are token for token those of an engine that never drafts (one request at
+/// a time: requests decoded together round differently, with or without drafts). Two drafts:
+/// the default model's first 15 of 30 layers (half the KV per token again; the measured
+/// acceptance of this untrained truncation is near zero, docs/benchmarks.md) and the model
+/// itself (its greedy drafts are accepted).
+#[test]
+fn a_draft_model_is_planned_drafts_and_leaves_greedy_answers_as_they_are() {
+    let questions = [
+        "What is the capital of France?",
+        "Name three colours of the rainbow.",
+        "Why is the sky blue?",
+        "Write one sentence about cats.",
+        "What is two plus two?",
+        "Give a synonym for happy.",
+        "What do bees make?",
+        "How many days are in a week?",
+        "What is the opposite of cold?",
+        "Describe a tree in a few words.",
+        "Which planet is closest to the sun?",
+        "What language is spoken in Spain?",
+        "Say hello in a friendly way.",
+        "What is water made of?",
+        "Name a fruit that is yellow.",
+        "What is the largest ocean?",
+        "Tell me a fact about the moon.",
+        "What animal says moo?",
+        "What is the boiling point of water?",
+        "Name a musical instrument.",
+    ];
+    let answers = |draft: Option<std::path::PathBuf>| {
+        let mut cfg = common::config();
+        cfg.speculative = match draft {
+            Some(_) => abserve_engine::Speculation::Always,
+            None => abserve_engine::Speculation::Off,
+        };
+        cfg.draft_model = draft;
+        let engine = Engine::start(cfg).unwrap();
+        let out: Vec<Vec<i32>> = questions
+            .iter()
+            .map(|q| {
+                let p = engine.prompt_tokens(&format!("Question: {q}\nAnswer:"));
+                common::collect(common::greedy(&engine, &p, 24))
+                    .unwrap()
+                    .tokens
+            })
+            .collect();
+        (
+            out,
+            engine.stats(),
+            engine.plan().clone(),
+            engine.measured().llama,
+        )
+    };
+    let (plain, p, plain_plan, _) = answers(None);
+    assert_eq!(p.draft_tokens, 0);
+    for (draft, layers) in [(common::half_model(), 15), (common::model_path(), 30)] {
+        let (drafted, d, plan, llama) = answers(Some(draft));
+        eprintln!(
+            "{layers}-layer draft: {} of {} draft model tokens accepted; steps {} with it, {} without",
+            d.draft_model_accepted, d.draft_model_tokens, d.steps, p.steps
+        );
+        assert!(
+            d.draft_model_tokens > 0,
+            "{layers} layers: the draft model drafted nothing"
+        );
+        if layers == 30 {
+            assert!(
+                d.draft_model_accepted * 2 > d.draft_model_tokens,
+                "the model as its own draft: {} of {} accepted",
+                d.draft_model_accepted,
+                d.draft_model_tokens
+            );
+        }
+        for (i, (a, b)) in plain.iter().zip(&drafted).enumerate() {
+            assert_eq!(
+                a, b,
+                "{layers} layers, question {i}: the draft changed the greedy answer"
+            );
+        }
+        // its KV per token in proportion to its layers, its weights and compute counted too
+        // (within the same budget a large draft leaves room for fewer slots)
+        assert!(plan.kv_cells <= plain_plan.kv_cells && plan.planned_bytes <= plan.usable_bytes);
+        assert_eq!(
+            plan.draft_kv_bytes_per_token * 30,
+            plain_plan.kv_bytes_per_token * layers
+        );
+        assert_eq!(
+            plan.kv_bytes_per_token,
+            plain_plan.kv_bytes_per_token + plan.draft_kv_bytes_per_token
+        );
+        assert!(plan.draft_weights_bytes > 0 && plan.compute_bytes > plain_plan.compute_bytes);
+        // llama.cpp prints each context's KV buffer in MiB with two decimals
+        let diff = llama.kv.abs_diff(plan.kv_bytes);
+        assert!(
+            diff <= 2 * 5 * 1024 * 1024 / 1000,
+            "{layers} layers: llama.cpp's KV buffers {} B, the plan's kv {} B",
+            llama.kv,
+            plan.kv_bytes
+        );
+    }
+}
+
+/// A file that is no model given as the draft is refused before anything loads, named.
+#[test]
+fn a_draft_that_is_no_model_is_refused_with_its_path() {
+    let mut cfg = common::config();
+    let lora = common::lora(1);
+    cfg.draft_model = Some(lora.clone());
+    let e = Engine::start(cfg)
+        .err()
+        .expect("a LoRA file is no draft model");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("--draft-model") && msg.contains(&lora.display().to_string()),
+        "{msg}"
+    );
+}

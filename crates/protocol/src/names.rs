@@ -53,6 +53,8 @@ pub const PREFIX_COPIES: &str = "abserve_prefix_copies_total";
 pub const PREFIX_RESTORES: &str = "abserve_prefix_restores_total";
 pub const DRAFT_TOKENS: &str = "abserve_draft_tokens_total";
 pub const DRAFT_ACCEPTED: &str = "abserve_draft_accepted_tokens_total";
+pub const DRAFT_MODEL_TOKENS: &str = "abserve_draft_model_tokens_total";
+pub const DRAFT_MODEL_ACCEPTED: &str = "abserve_draft_model_accepted_tokens_total";
 /// Impossible states the engine met (each failed one request) and panics it caught.
 pub const ENGINE_FAULTS: &str = "abserve_engine_faults_total";
 /// Structured outputs: grammars compiled (and the seconds it took, summed), refused (at compile

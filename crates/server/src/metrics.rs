@@ -490,6 +490,8 @@ impl Metrics {
 struct DraftMetrics {
     tokens: IntCounter,
     accepted: IntCounter,
+    model_tokens: IntCounter,
+    model_accepted: IntCounter,
 }
 
 impl DraftMetrics {
@@ -497,11 +499,19 @@ impl DraftMetrics {
         Ok(DraftMetrics {
             tokens: reg.counter(
                 names::DRAFT_TOKENS,
-                "Draft tokens verified by speculative decoding (prompt lookup)",
+                "Draft tokens verified by speculative decoding (prompt lookup and draft model)",
             )?,
             accepted: reg.counter(
                 names::DRAFT_ACCEPTED,
                 "Draft tokens accepted (each a token gained without a step of its own)",
+            )?,
+            model_tokens: reg.counter(
+                names::DRAFT_MODEL_TOKENS,
+                "Draft tokens proposed by the draft model (--draft-model), of those verified",
+            )?,
+            model_accepted: reg.counter(
+                names::DRAFT_MODEL_ACCEPTED,
+                "Draft tokens proposed by the draft model and accepted",
             )?,
         })
     }
@@ -509,6 +519,8 @@ impl DraftMetrics {
     fn copy(&self, s: &abserve_engine::StatsSnapshot) {
         bump(&self.tokens, s.draft_tokens);
         bump(&self.accepted, s.draft_accepted);
+        bump(&self.model_tokens, s.draft_model_tokens);
+        bump(&self.model_accepted, s.draft_model_accepted);
     }
 }
 

@@ -10,10 +10,10 @@ use std::ptr::NonNull;
 
 use llama_cpp_2::model::LlamaLoraAdapter;
 
-use super::{Context, Model};
+use super::{Context, Drafter, Model};
 use crate::adapters::{AdapterBudget, AdapterSet};
 use crate::lane_split::Lanes;
-use crate::scheduler::{Compute, Snapshot};
+use crate::scheduler::{Compute, DraftAsk, Snapshot};
 
 /// The scheduler's [`Compute`] over the engine thread's llama.cpp contexts: one, or one per
 /// adapter lane (`crate::lane_split`), all on the one model's weights.
@@ -40,6 +40,8 @@ pub(crate) struct LlamaCompute<'m> {
     pub broken: Vec<i32>,
     /// A broken slot in the batch being built (the batch is refused at `decode`).
     pub refused: Option<i32>,
+    /// The draft model's context (`--draft-model`), on the slots of every lane.
+    pub drafter: Option<Drafter<'m>>,
 }
 
 /// One llama.cpp context and the adapter set applied to it.
@@ -284,5 +286,14 @@ impl Compute for LlamaCompute<'_> {
         self.lanes[lane].applied = set.clone();
         tracing::debug!("lane {lane}: adapters {} applied", set.label());
         Ok(())
+    }
+    fn has_draft_model(&self) -> bool {
+        self.drafter.is_some()
+    }
+    fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
+        match &mut self.drafter {
+            Some(d) => d.draft(asks),
+            None => Err("no draft model".into()),
+        }
     }
 }

@@ -101,10 +101,27 @@ pub struct PlanRequest {
     /// llama.cpp contexts on the one model that share out the slots, each with its own compute
     /// buffers (adapter lanes, `crate::lane_split`; 1: one context).
     pub lanes: u64,
+    /// A draft model for speculative decoding (`--draft-model`), on the host.
+    pub draft: Option<DraftRequest>,
+}
+
+/// A draft model in the plan: its weights, and a context laid out as the main one's (the same
+/// cells and slots: its KV per cell is added to the main model's) with its own compute buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftRequest {
+    pub weights_bytes: u64,
+    pub shape: ModelShape,
+}
+
+/// Bytes of K and V of one token over every layer of a model of `s`.
+fn kv_per_token(s: &ModelShape, kv_type: KvType) -> u64 {
+    kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
+        + kv_type.bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v)
 }
 
 impl PlanRequest {
-    /// The compute buffers of `lanes` contexts sharing `slots` slots and `kv_cells` cells.
+    /// The compute buffers of `lanes` contexts sharing `slots` slots and `kv_cells` cells, and
+    /// the draft model's context over all of them.
     fn compute(&self, slots: u64, kv_cells: u64) -> u64 {
         lanes_compute(
             &self.shape,
@@ -113,17 +130,26 @@ impl PlanRequest {
             slots,
             kv_cells,
             self.flash_attention,
-        )
+        ) + self.draft.map_or(0, |d| {
+            compute_estimate(
+                &d.shape,
+                self.n_batch,
+                slots,
+                kv_cells,
+                self.flash_attention,
+            )
+        })
     }
 
-    /// Bytes of K and V of one token over every layer.
+    /// Bytes of K and V of one token over every layer of the model.
     fn kv_bytes_per_token(&self) -> u64 {
-        let s = &self.shape;
-        self.kv_type
-            .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_k)
-            + self
-                .kv_type
-                .bytes_for(s.n_layer * s.n_head_kv * s.head_dim_v)
+        kv_per_token(&self.shape, self.kv_type)
+    }
+
+    /// The draft model's K and V of one token (0 without one).
+    fn draft_kv_bytes_per_token(&self) -> u64 {
+        self.draft
+            .map_or(0, |d| kv_per_token(&d.shape, self.kv_type))
     }
 
     /// The host budget in bytes, its margin and what is left to plan with.
@@ -161,6 +187,10 @@ pub struct MemoryPlan {
     /// Reserved for LoRA adapters, beside the weights: on the device for the offloaded layers'
     /// share (`split.rs`), on the host for the rest.
     pub adapter_bytes: u64,
+    /// The draft model's weights (`--draft-model`; 0 without one); its KV per token is part of
+    /// `kv_bytes_per_token`, its compute buffers of `compute_bytes`.
+    pub draft_weights_bytes: u64,
+    pub draft_kv_bytes_per_token: u64,
     pub kv_type: KvType,
     pub kv_bytes_per_token: u64,
     pub compute_bytes: u64,
@@ -234,7 +264,7 @@ pub struct DoesNotFit {
 impl MemoryPlan {
     pub fn new(req: &PlanRequest) -> MemoryPlan {
         let s = &req.shape;
-        let kv_bytes_per_token = req.kv_bytes_per_token();
+        let kv_bytes_per_token = req.kv_bytes_per_token() + req.draft_kv_bytes_per_token();
         let (budget_bytes, margin_bytes, usable_bytes) = req.host_budget();
         let max_slots = req.max_sequences.clamp(1, 256);
         let context = req.context.max(1);
@@ -246,7 +276,7 @@ impl MemoryPlan {
         };
         let cap = req.kv_cells_cap.unwrap_or(max_slots * per_slot);
         let prefix_store_bytes = req.prefix_store_bytes(budget_bytes);
-        let split = Split::new(req, kv_bytes_per_token);
+        let split = Split::new(req, req.kv_bytes_per_token());
         let fit = split.cells_that_fit(req, usable_bytes, prefix_store_bytes, max_slots);
         let (kv_cells, seq_slots, kv_cells_per_slot, full_context_sequences) = if req.kv_unified {
             let kv_cells = (fit.min(cap) / KV_PAD) * KV_PAD;
@@ -283,6 +313,8 @@ impl MemoryPlan {
         MemoryPlan {
             weights_bytes: req.weights_bytes,
             adapter_bytes: req.adapter_bytes,
+            draft_weights_bytes: req.draft.map_or(0, |d| d.weights_bytes),
+            draft_kv_bytes_per_token: req.draft_kv_bytes_per_token(),
             kv_type: req.kv_type,
             kv_bytes_per_token,
             compute_bytes,
@@ -422,6 +454,14 @@ impl MemoryPlan {
                     format!(", adapters {}", human_bytes(self.adapter_bytes))
                 } else {
                     String::new()
+                } + &if self.draft_weights_bytes > 0 {
+                    format!(
+                        ", draft model {} (its KV {} B/token of the kv)",
+                        human_bytes(self.draft_weights_bytes),
+                        self.draft_kv_bytes_per_token
+                    )
+                } else {
+                    String::new()
                 },
                 human_bytes(self.kv_bytes),
                 self.kv_cells,
@@ -456,130 +496,4 @@ impl MemoryPlan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shape() -> ModelShape {
-        ModelShape {
-            n_layer: 80,
-            n_head: 64,
-            n_head_kv: 8,
-            n_embd: 8192,
-            head_dim_k: 128,
-            head_dim_v: 128,
-            n_vocab: 128256,
-            n_ctx_train: 8192,
-        }
-    }
-
-    fn req(weights: u64, total: u64) -> PlanRequest {
-        PlanRequest {
-            weights_bytes: weights,
-            adapter_bytes: 0,
-            shape: shape(),
-            kv_type: KvType::F16,
-            memory_total: total,
-            budget: Budget::Fraction(1.0),
-            margin: 0.10,
-            context: 4096,
-            n_batch: 512,
-            max_sequences: 256,
-            kv_cells_cap: None,
-            flash_attention: false,
-            kv_unified: true,
-            prefix_store: None,
-            offload: None,
-            lanes: 1,
-        }
-    }
-
-    #[test]
-    fn parses_sizes() {
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_bytes("512MB").unwrap(), 512_000_000);
-        assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
-        assert!(parse_bytes("12 furlongs").is_err());
-        assert!(parse_bytes("-5").is_err());
-        assert_eq!("50%".parse::<Budget>().unwrap(), Budget::Fraction(0.5));
-        assert!("0%".parse::<Budget>().is_err());
-        assert!("150%".parse::<Budget>().is_err());
-    }
-
-    #[test]
-    fn kv_formula() {
-        let p = MemoryPlan::new(&req(1 << 30, 96 << 30));
-        assert_eq!(p.kv_bytes_per_token, 2 * 80 * 8 * 128 * 2);
-        let mut r = req(1 << 30, 96 << 30);
-        r.kv_type = KvType::Q8_0;
-        assert_eq!(
-            MemoryPlan::new(&r).kv_bytes_per_token,
-            2 * 80 * 8 * 128 / 32 * 34
-        );
-    }
-
-    #[test]
-    fn problem_statement_one_copy_fits_two_do_not() {
-        let p = MemoryPlan::new(&req(82_208_358_400, 96 << 30));
-        assert!(p.fits);
-        assert_eq!(p.copies_that_fit, 1);
-        assert!(p.full_context_sequences >= 1);
-        // twice the weights cannot fit at all
-        let p2 = MemoryPlan::new(&req(2 * 82_208_358_400, 96 << 30));
-        assert!(!p2.fits);
-        assert!(p2.check_fits().is_err());
-    }
-
-    #[test]
-    fn kv_cells_never_exceed_usable() {
-        for budget in [200u64 << 20, 1 << 30, 8 << 30] {
-            let mut r = req(100 << 20, budget);
-            r.shape = super::split::tests::smollm2_shape();
-            let p = MemoryPlan::new(&r);
-            for fa in [false, true] {
-                r.flash_attention = fa;
-                let p = MemoryPlan::new(&r);
-                if p.fits {
-                    assert!(p.planned_bytes <= p.usable_bytes, "{p:?}");
-                }
-            }
-            if p.fits {
-                assert!(p.planned_bytes <= p.usable_bytes);
-                assert_eq!(p.kv_cells % KV_PAD, 0);
-            }
-        }
-    }
-
-    #[test]
-    fn split_streams_give_every_slot_a_fixed_padded_stream() {
-        let small = |budget: u64, context: u64, slots: u64| {
-            let mut r = req(100 << 20, budget);
-            r.shape = super::split::tests::smollm2_shape();
-            r.kv_unified = false;
-            r.flash_attention = true;
-            r.context = context;
-            r.max_sequences = slots;
-            MemoryPlan::new(&r)
-        };
-        for (budget, context, slots) in [
-            (1u64 << 30, 1000, 64),
-            (512 << 20, 512, 8),
-            (600 << 20, 2048, 256),
-            (8 << 30, 300, 16),
-        ] {
-            let p = small(budget, context, slots);
-            assert_eq!(p.kv_cells_per_slot, context.div_ceil(256) * 256);
-            assert_eq!(p.kv_cells, p.seq_slots * p.kv_cells_per_slot, "{p:?}");
-            assert_eq!(p.full_context_sequences, p.seq_slots);
-            assert!(p.seq_slots <= slots);
-            assert!(p.fits && p.planned_bytes <= p.usable_bytes, "{p:?}");
-        }
-        // 16 slots asked, the budget holds fewer: slots shrink, never the per-slot stream
-        let p = small(300 << 20, 2048, 16);
-        assert!(p.seq_slots < 16 && p.seq_slots >= 1, "{p:?}");
-        // not one stream fits: refused with every number
-        let p = small(150 << 20, 8192, 4);
-        assert!(!p.fits);
-        assert!(p.check_fits().is_err());
-    }
-}
+mod tests;

@@ -89,11 +89,15 @@ impl<'a> Split<'a> {
         // offloaded layers' share of the adapters is on the device (every layer adapted alike)
         let adapter_device = (u128::from(req.adapter_bytes) * u128::from(layers))
             .div_ceil(u128::from(n_layer)) as u64;
+        // the draft model is on the host, its KV too
+        let draft_weights = req.draft.map_or(0, |d| d.weights_bytes);
         Split {
             offload,
-            host_weights: req.weights_bytes - device_weights + req.adapter_bytes - adapter_device,
+            host_weights: req.weights_bytes - device_weights + req.adapter_bytes - adapter_device
+                + draft_weights,
             device_weights: device_weights + adapter_device,
-            kv_host_per_token: kv_bytes_per_token - kv_device_per_token,
+            kv_host_per_token: kv_bytes_per_token - kv_device_per_token
+                + req.draft_kv_bytes_per_token(),
             kv_device_per_token,
             device_budget,
             device_margin: (device_budget as f64 * req.margin.clamp(0.0, 0.9)) as u64,
@@ -227,6 +231,7 @@ pub(super) mod tests {
             kv_unified: false,
             prefix_store: Some(0),
             lanes: 1,
+            draft: None,
             offload: Some(Offload {
                 device: DeviceMemory {
                     name: "Fake0".into(),

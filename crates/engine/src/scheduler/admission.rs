@@ -430,6 +430,7 @@ impl Scheduler {
                     n_past: len,
                     cells,
                     draft: Vec::new(),
+                    draft_by_model: false,
                 });
             }
         }
@@ -447,6 +448,7 @@ impl Scheduler {
                 n_past: 0,
                 cells: Vec::new(),
                 draft: Vec::new(),
+                draft_by_model: false,
             });
         };
         self.give_prefix(be, s, slot, source, len)
@@ -510,6 +512,7 @@ impl Scheduler {
             n_past: len,
             cells,
             draft: Vec::new(),
+            draft_by_model: false,
         })
     }
 
@@ -541,6 +544,7 @@ impl Scheduler {
                 n_past: len,
                 cells: self.cells.alloc_n(len),
                 draft: Vec::new(),
+                draft_by_model: false,
             });
         }
         be.remove_seq(slot);
@@ -550,6 +554,7 @@ impl Scheduler {
             n_past: 0,
             cells: Vec::new(),
             draft: Vec::new(),
+            draft_by_model: false,
         })
     }
 }

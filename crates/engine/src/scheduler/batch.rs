@@ -31,7 +31,7 @@ impl Scheduler {
         let mut cap = vec![be.batch_capacity(); pick.len()];
         let mut plan = Vec::new();
         let floor = self.first_token_class(pick);
-        self.plan_drafts(pick, floor);
+        self.plan_drafts(be, pick, floor);
         for phase in [Phase::Decoding, Phase::Prefilling] {
             for idx in 0..self.running.len() {
                 let a = &mut self.running[idx];
@@ -112,9 +112,14 @@ impl Scheduler {
                 let (e, accepted) = sample::verify(&mut a.seq, &a.draft, be, bi, ff, &self.stats);
                 end = e;
                 keep = start + p.n - p.draft + accepted;
+                if a.draft_by_model {
+                    EngineStats::add(&self.stats.draft_model_tokens, p.draft);
+                    EngineStats::add(&self.stats.draft_model_accepted, accepted);
+                }
             }
         }
         a.draft.clear();
+        a.draft_by_model = false;
         let keep = keep.min(a.seq.tokens.len());
         if a.n_past > keep {
             // rejected drafts, or a stop string inside forced tokens: the KV past it goes

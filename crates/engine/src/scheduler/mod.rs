@@ -46,7 +46,7 @@ use crate::text::TextStream;
 
 use kv::{Cached, CellTable, PrefixStore, SlotPool};
 use seq::{Active, Seq};
-pub use speculate::Speculation;
+pub use speculate::{DraftAsk, Speculation};
 pub(crate) use stats::InFlight;
 pub use stats::{ClassCounts, EngineStats, SetCounts, StatsSnapshot};
 
@@ -88,6 +88,18 @@ pub trait Compute {
     /// empty set: the base model). With one lane, `lane` is 0; with several, a batch holds
     /// tokens of several lanes, and `decode` runs each lane's under its own set.
     fn set_adapters(&mut self, lane: usize, set: &AdapterSet) -> Result<(), String>;
+    /// Whether a draft model drafts (`--draft-model`, `speculate.rs`); without one, only
+    /// prompt lookup does.
+    fn has_draft_model(&self) -> bool {
+        false
+    }
+    /// For each ask, up to `max` tokens the draft model predicts greedily after `tokens` (the
+    /// sequence in `slot`, its last token not yet decoded by the model); `Err` when the draft
+    /// model failed (the step goes on without drafts).
+    fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
+        let _ = asks;
+        Err("no draft model".into())
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -33,9 +33,10 @@
 //! (each re-measured every [`EXPLORE`] steps); llama.cpp cuts a batch whose sequences have
 //! unequal token counts into more graph evaluations, which this measures rather than models.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::Scheduler;
+use super::{Compute, Scheduler};
 use crate::request::Class;
 
 /// Whether sequences draft (`--speculative`).
@@ -91,11 +92,87 @@ pub(super) fn propose(tokens: &[i32], max: usize) -> Vec<i32> {
     Vec::new()
 }
 
+/// One sequence's ask of the draft model ([`super::Compute::draft`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DraftAsk<'a> {
+    pub slot: i32,
+    /// The sequence's tokens; the last is the one this step decodes.
+    pub tokens: &'a [i32],
+    pub max: usize,
+}
+
+/// Where a decoding sequence's draft would come from this step.
+enum Source {
+    /// What followed an earlier occurrence of its last tokens.
+    Lookup(Vec<i32>),
+    /// The draft model, at most this many tokens.
+    Model(usize),
+}
+
 impl Scheduler {
     /// Sets the draft of each sequence this step decodes (those of the picked sets that are
     /// decoding, down to class `floor`: `batch.rs`), empty where it drafts nothing; a sequence
     /// with a proposal it does not send keeps its first token as the `shadow` to measure by.
-    pub(super) fn plan_drafts(&mut self, pick: &[Option<u32>], floor: Option<Class>) {
+    /// Prompt lookup first; where it finds nothing, the draft model (one call for the step).
+    pub(super) fn plan_drafts<C: Compute>(
+        &mut self,
+        be: &mut C,
+        pick: &[Option<u32>],
+        floor: Option<Class>,
+    ) {
+        let (decoding, proposals) = self.proposals(be.has_draft_model(), pick, floor);
+        if proposals.is_empty() {
+            return;
+        }
+        // `Always`: no step timing decides (the acceptance alone, against `P_MIN`)
+        let always = self.cfg.speculative == Speculation::Always;
+        let drafts = always || self.spec.drafts(decoding);
+        let mut free = if self.cfg.is_unified() {
+            self.cfg.kv_cells.saturating_sub(self.demand())
+        } else {
+            usize::MAX
+        };
+        // a draft token must be accepted often enough to pay for its row at this batch size
+        let p_min = match always {
+            true => None,
+            false => self.rows.row_share(decoding),
+        }
+        .map_or(P_MIN, |s| s.clamp(P_MIN, 1.0));
+        // a sequence the draft model would not draft for is asked one token now and then, to
+        // measure its acceptance by (asking costs a draft model decode)
+        let measure = self.spec.model_shadow_due();
+        let mut asks = Vec::new();
+        for (idx, source) in proposals {
+            let a = &mut self.running[idx];
+            let available = match &source {
+                Source::Lookup(p) => p.len(),
+                Source::Model(max) => *max,
+            };
+            a.seq.acceptance.by_model = matches!(source, Source::Model(_));
+            let k = if drafts {
+                a.seq.acceptance.length(available, p_min).min(free)
+            } else {
+                0
+            };
+            free -= k;
+            match source {
+                Source::Lookup(p) if k == 0 => a.seq.acceptance.shadow = Some(p[0]),
+                Source::Lookup(p) => a.draft = p[..k].to_vec(),
+                Source::Model(_) if k > 0 || (drafts && measure) => asks.push((idx, k)),
+                Source::Model(_) => {}
+            }
+        }
+        self.ask_draft_model(be, &asks);
+    }
+
+    /// The decoding sequences this step (see `plan_drafts`) and, for those that may draft, where
+    /// their draft would come from.
+    fn proposals(
+        &mut self,
+        model: bool,
+        pick: &[Option<u32>],
+        floor: Option<Class>,
+    ) -> (usize, Vec<(usize, Source)>) {
         let lanes = self.lanes;
         let mut decoding = 0;
         let mut proposals = Vec::new();
@@ -127,39 +204,64 @@ impl Scheduler {
             }
             let p = propose(&a.seq.tokens, room.min(MAX_DRAFT));
             if !p.is_empty() {
-                proposals.push((idx, p));
+                proposals.push((idx, Source::Lookup(p)));
+            } else if model && room > 0 {
+                proposals.push((idx, Source::Model(room.min(MAX_DRAFT))));
             }
         }
-        if proposals.is_empty() {
+        (decoding, proposals)
+    }
+
+    /// The draft counters before a step: draft tokens, accepted, and of those the draft model's.
+    pub(super) fn draft_counters(&self) -> [u64; 4] {
+        let s = &self.stats;
+        [
+            &s.draft_tokens,
+            &s.draft_accepted,
+            &s.draft_model_tokens,
+            &s.draft_model_accepted,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// Tells the recent acceptance what this step's drafts achieved since `before`
+    /// ([`Scheduler::draft_counters`]), prompt lookup's and the draft model's apart.
+    pub(super) fn drafts_since(&mut self, before: [u64; 4]) {
+        let now = self.draft_counters();
+        let d: [u64; 4] = std::array::from_fn(|i| now[i] - before[i]);
+        self.spec.accepted((d[0] - d[2], d[1] - d[3]), (d[2], d[3]));
+    }
+
+    /// Asks the draft model for `asks` (running index, draft length; 0: one token as the
+    /// shadow) in one call, and sets their drafts.
+    fn ask_draft_model<C: Compute>(&mut self, be: &mut C, asks: &[(usize, usize)]) {
+        if asks.is_empty() {
             return;
         }
-        // `Always`: no step timing decides (the acceptance alone, against `P_MIN`)
-        let always = self.cfg.speculative == Speculation::Always;
-        let drafts = always || self.spec.drafts(decoding);
-        let mut free = if self.cfg.is_unified() {
-            self.cfg.kv_cells.saturating_sub(self.demand())
-        } else {
-            usize::MAX
-        };
-        // a draft token must be accepted often enough to pay for its row at this batch size
-        let p_min = match always {
-            true => None,
-            false => self.rows.row_share(decoding),
-        }
-        .map_or(P_MIN, |s| s.clamp(P_MIN, 1.0));
-        for (idx, p) in proposals {
-            let a = &mut self.running[idx];
-            let k = if drafts {
-                a.seq.acceptance.length(p.len(), p_min).min(free)
-            } else {
-                0
-            };
-            if k == 0 {
-                a.seq.acceptance.shadow = Some(p[0]);
-                continue;
+        let calls: Vec<DraftAsk<'_>> = asks
+            .iter()
+            .map(|&(idx, k)| DraftAsk {
+                slot: self.running[idx].slot,
+                tokens: &self.running[idx].seq.tokens,
+                max: k.max(1),
+            })
+            .collect();
+        let got = match be.draft(&calls) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!(error = %e, "the draft model failed; this step decodes without drafts");
+                return;
             }
-            free -= k;
-            a.draft = p[..k].to_vec();
+        };
+        for (&(idx, k), d) in asks.iter().zip(got) {
+            let a = &mut self.running[idx];
+            match k {
+                0 => a.seq.acceptance.shadow = d.first().copied(),
+                _ => {
+                    a.draft = d.into_iter().take(k).collect();
+                    a.draft_by_model = true;
+                }
+            }
         }
     }
 }
@@ -167,8 +269,13 @@ impl Scheduler {
 /// A sequence's measured draft acceptance (survives preemption with the sequence).
 #[derive(Debug, Clone)]
 pub(super) struct Acceptance {
-    /// Moving average of "the next draft token was the sampled one".
+    /// Moving average of "the next draft token was the sampled one", prompt lookup's drafts.
     pub rate: f64,
+    /// The same for the draft model's drafts.
+    pub model: f64,
+    /// Whether this step's draft (or shadow) came from the draft model: which of the two
+    /// averages `observe` and `length` use.
+    pub by_model: bool,
     /// The first token of the draft proposed but not used this step (to be compared with the
     /// token sampled).
     pub shadow: Option<i32>,
@@ -178,6 +285,8 @@ impl Default for Acceptance {
     fn default() -> Self {
         Acceptance {
             rate: PRIOR,
+            model: PRIOR,
+            by_model: false,
             shadow: None,
         }
     }
@@ -186,15 +295,24 @@ impl Default for Acceptance {
 impl Acceptance {
     pub fn observe(&mut self, accepted: bool) {
         let x = if accepted { 1.0 } else { 0.0 };
-        self.rate += ALPHA * (x - self.rate);
+        let rate = match self.by_model {
+            true => &mut self.model,
+            false => &mut self.rate,
+        };
+        *rate += ALPHA * (x - *rate);
     }
 
-    /// Drafts worth sending: while rate^k >= `p_min`, at most `available`.
+    /// Drafts worth sending from the source of `by_model`: while rate^k >= `p_min`, at most
+    /// `available`.
     pub fn length(&self, available: usize, p_min: f64) -> usize {
+        let rate = match self.by_model {
+            true => self.model,
+            false => self.rate,
+        };
         let mut k = 0;
         let mut p = 1.0;
         while k < available.min(MAX_DRAFT) {
-            p *= self.rate;
+            p *= rate;
             if p < p_min {
                 break;
             }
@@ -212,6 +330,10 @@ pub(super) struct SpecModel {
     /// Acceptance of the draft tokens of recent steps, all sequences together: a new sequence
     /// starts from it (`None`: nothing drafted yet; [`PRIOR`]).
     recent: Option<f64>,
+    /// The same for the draft model's draft tokens.
+    recent_model: Option<f64>,
+    /// Steps that asked whether the draft model's shadow is due.
+    model_steps: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -251,19 +373,32 @@ impl SpecModel {
         }
     }
 
+    /// Whether this step asks the draft model for the shadow token of sequences it does not
+    /// draft for: every [`EXPLORE`] steps.
+    pub fn model_shadow_due(&mut self) -> bool {
+        self.model_steps += 1;
+        self.model_steps % EXPLORE == 1
+    }
+
     /// A new sequence's acceptance: what recent drafts achieved.
     pub fn prior(&self) -> Acceptance {
         Acceptance {
             rate: self.recent.unwrap_or(PRIOR),
-            shadow: None,
+            model: self.recent_model.unwrap_or(PRIOR),
+            ..Acceptance::default()
         }
     }
 
-    /// A step's draft tokens and how many of them were accepted.
-    pub fn accepted(&mut self, drafted: u64, accepted: u64) {
-        if drafted > 0 {
-            let x = accepted as f64 / drafted as f64;
-            self.recent = Some(self.recent.map_or(x, |r| r + RATE_ALPHA * (x - r)));
+    /// A step's draft tokens and how many of them were accepted, by prompt lookup and by the
+    /// draft model.
+    pub fn accepted(&mut self, lookup: (u64, u64), model: (u64, u64)) {
+        for ((drafted, accepted), recent) in
+            [(lookup, &mut self.recent), (model, &mut self.recent_model)]
+        {
+            if drafted > 0 {
+                let x = accepted as f64 / drafted as f64;
+                *recent = Some(recent.map_or(x, |r| r + RATE_ALPHA * (x - r)));
+            }
         }
     }
 

@@ -60,6 +60,9 @@ pub struct EngineStats {
     /// Draft tokens verified (speculative decoding), and of those the ones accepted.
     pub(crate) draft_tokens: AtomicU64,
     pub(crate) draft_accepted: AtomicU64,
+    /// Of those, the ones the draft model proposed (`--draft-model`), and of those the accepted.
+    pub(crate) draft_model_tokens: AtomicU64,
+    pub(crate) draft_model_accepted: AtomicU64,
     /// Constrained sequences running now (each holds one matcher).
     pub(crate) constrained_running: AtomicU64,
     /// Bytes of those matchers' lexer tables (`Constraint::bytes`).
@@ -151,6 +154,8 @@ impl EngineStats {
             forced_tokens: l(&self.forced_tokens),
             draft_tokens: l(&self.draft_tokens),
             draft_accepted: l(&self.draft_accepted),
+            draft_model_tokens: l(&self.draft_model_tokens),
+            draft_model_accepted: l(&self.draft_model_accepted),
             constrained_running: l(&self.constrained_running),
             matcher_bytes: l(&self.matcher_bytes),
             classes: self.classes.each_ref().map(|c| ClassCounts {
@@ -250,6 +255,9 @@ pub struct StatsSnapshot {
     /// Draft tokens verified by speculative decoding, and of those the ones accepted.
     pub draft_tokens: u64,
     pub draft_accepted: u64,
+    /// Of those, the ones the draft model proposed, and of those the accepted.
+    pub draft_model_tokens: u64,
+    pub draft_model_accepted: u64,
     pub constrained_running: u64,
     pub matcher_bytes: u64,
     /// Per priority class, in [`Class::ALL`] order.

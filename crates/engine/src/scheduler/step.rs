@@ -79,8 +79,7 @@ impl Scheduler {
     pub fn step<C: Compute>(&mut self, be: &mut C) -> bool {
         let t0 = Instant::now();
         let generated = self.stats.generated_tokens.load(Ordering::Relaxed);
-        let drafted = self.stats.draft_tokens.load(Ordering::Relaxed);
-        let accepted = self.stats.draft_accepted.load(Ordering::Relaxed);
+        let drafted = self.draft_counters();
         self.reap_cancelled(be);
         self.admit(be);
         let t_admit = t0.elapsed();
@@ -118,10 +117,7 @@ impl Scheduler {
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         let dt = t0.elapsed();
-        self.spec.accepted(
-            self.stats.draft_tokens.load(Ordering::Relaxed) - drafted,
-            self.stats.draft_accepted.load(Ordering::Relaxed) - accepted,
-        );
+        self.drafts_since(drafted);
         if !prefill {
             if drafts == 0 {
                 self.steps.observe(seqs, dt);

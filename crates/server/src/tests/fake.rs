@@ -79,6 +79,7 @@ impl Fake {
             kv_unified: false,
             prefix_store: Some(0),
             lanes: 1,
+            draft: None,
             offload: device.as_ref().map(|d| Offload {
                 device: d.memory(),
                 budget: Budget::Bytes(DEVICE_BUDGET),

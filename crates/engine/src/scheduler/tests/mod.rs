@@ -73,6 +73,10 @@ struct Fake {
     /// prompt-lookup drafts are accepted, except across those positions (`None`: the next token
     /// is a hash of the whole history).
     markov: Option<usize>,
+    /// A draft model (`Compute::draft`) that predicts this fake's next tokens, every n-th of
+    /// its draft tokens wrong; the draft tokens it made so far.
+    draft_model: Option<usize>,
+    model_drafted: usize,
 }
 
 impl Fake {
@@ -96,6 +100,8 @@ impl Fake {
             applied: vec![],
             lanes: None,
             markov: None,
+            draft_model: None,
+            model_drafted: 0,
         }
     }
     fn split(slots: usize, per: usize) -> Self {
@@ -202,6 +208,30 @@ fn markov_token(history: &[i32], pos: usize, every: usize) -> i32 {
 }
 
 impl Compute for Fake {
+    fn has_draft_model(&self) -> bool {
+        self.draft_model.is_some()
+    }
+    fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
+        let wrong = self.draft_model.ok_or("no draft model")?;
+        let mut out = Vec::new();
+        for a in asks {
+            let mut h = a.tokens.to_vec();
+            for _ in 0..a.max {
+                let t = match self.markov {
+                    None => next_token(&h, self.eog),
+                    Some(n) => markov_token(&h, h.len() - 1, n),
+                };
+                self.model_drafted += 1;
+                h.push(match self.model_drafted % wrong {
+                    0 if t == 2 => 3,
+                    0 => 2,
+                    _ => t,
+                });
+            }
+            out.push(h[a.tokens.len()..].to_vec());
+        }
+        Ok(out)
+    }
     fn batch_capacity(&self) -> usize {
         32
     }

@@ -89,6 +89,51 @@ fn greedy_output_is_identical_with_drafts_and_takes_fewer_steps() {
 }
 
 #[test]
+fn a_draft_model_drafts_where_lookup_finds_nothing_and_leaves_the_output_as_it_is() {
+    // the plain fake's output never repeats a 4-gram (prompt lookup finds little); its draft
+    // model is right except every 4th token
+    for unified in [false, true] {
+        let cfg = || match unified {
+            false => SchedulerConfig::split(4, 256, 256),
+            true => SchedulerConfig::new(1024, 4, 256),
+        };
+        let fake = |model| {
+            let f = match unified {
+                false => Fake::split(4, 256),
+                true => Fake::new(1024),
+            };
+            Fake {
+                draft_model: model,
+                ..f
+            }
+        };
+        let params = SamplingParams::greedy(120);
+        let (plain, plain_steps, _) = run_spec(cfg(), fake(None), false, &prompts(), &params);
+        let (lookup, lookup_steps, l) = run_spec(cfg(), fake(None), true, &prompts(), &params);
+        let (drafted, steps, d) = run_spec(cfg(), fake(Some(4)), true, &prompts(), &params);
+        assert_eq!(plain, lookup);
+        assert_eq!(
+            plain, drafted,
+            "the draft model changed the output (unified: {unified})"
+        );
+        assert_eq!(l.draft_model_tokens, 0);
+        assert!(
+            d.draft_model_accepted > 0 && d.draft_model_tokens > d.draft_model_accepted,
+            "draft model tokens accepted and rejected: {} of {}",
+            d.draft_model_accepted,
+            d.draft_model_tokens
+        );
+        assert!(
+            d.draft_model_tokens <= d.draft_tokens && d.draft_model_accepted <= d.draft_accepted
+        );
+        assert!(
+            steps < lookup_steps && lookup_steps <= plain_steps,
+            "{steps} steps with the draft model, {lookup_steps} with lookup alone, {plain_steps} without"
+        );
+    }
+}
+
+#[test]
 fn seeded_sampling_draws_the_same_tokens_with_drafts() {
     let params = SamplingParams {
         temperature: 2.0,
