@@ -15,7 +15,8 @@ warm-up request. Decode tokens/s: per stream, the tokens after the first over th
 first to its last token (prefill and queueing excluded), the mean over the streams × clients.
 
 Engines, in every run: abserve `--speculative off`, abserve with its default (`on`: drafts where
-they pay, measured), and llama.cpp's server (xllamacpp) without speculation and with each of
+they pay, measured), optionally `abserve draft` (`on` with `--draft-model $DRAFT_MODEL`; name it
+in ENGINES=...), and llama.cpp's server (xllamacpp) without speculation and with each of
 its n-gram types (`ngram-simple` as prompt lookup with n = 3 and 8 drafts, `ngram-simple` with
 its defaults, `ngram-mod`); its best per cell is the peer. Both have 16 slots of 2,048 tokens.
 
@@ -143,11 +144,18 @@ if os.environ.get("ENGINES"):
     ENGINES = os.environ["ENGINES"].split(",")
 
 
+# `abserve draft`: on, with a draft model (default: the default model's first 15 of 30 layers,
+# written by scripts/test-model-layers.py as the engine tests do)
+DRAFT = os.environ.get("DRAFT_MODEL", str(Path(__file__).resolve().parent.parent / "models/test/smol-15-layers.gguf"))
+
+
 def start(engine):
     who, mode = engine.split()
     if who == "abserve":
+        extra = ["--draft-model", DRAFT] if mode == "draft" else []
+        mode = "on" if mode == "draft" else mode
         return start_abserve(["--max-sequences", str(SLOTS), "--context", str(CTX),
-                              "--speculative", mode]), "m"
+                              "--speculative", mode] + extra), "m"
     return start_peer(SLOTS, CTX, peer_settings(mode)), "m"
 
 

@@ -256,8 +256,11 @@ fn a_draft_model_is_planned_drafts_and_leaves_greedy_answers_as_they_are() {
         "What is the boiling point of water?",
         "Name a musical instrument.",
     ];
-    let answers = |draft: Option<std::path::PathBuf>| {
+    let answers = |draft: Option<std::path::PathBuf>, unified: bool| {
         let mut cfg = common::config();
+        if unified {
+            (cfg.kv_unified, cfg.context, cfg.kv_cells_cap) = (true, 128, Some(256));
+        }
         cfg.speculative = match draft {
             Some(_) => abserve_engine::Speculation::Always,
             None => abserve_engine::Speculation::Off,
@@ -280,10 +283,10 @@ fn a_draft_model_is_planned_drafts_and_leaves_greedy_answers_as_they_are() {
             engine.measured().llama,
         )
     };
-    let (plain, p, plain_plan, _) = answers(None);
+    let (plain, p, plain_plan, _) = answers(None, false);
     assert_eq!(p.draft_tokens, 0);
     for (draft, layers) in [(common::half_model(), 15), (common::model_path(), 30)] {
-        let (drafted, d, plan, llama) = answers(Some(draft));
+        let (drafted, d, plan, llama) = answers(Some(draft), false);
         eprintln!(
             "{layers}-layer draft: {} of {} draft model tokens accepted; steps {} with it, {} without",
             d.draft_model_accepted, d.draft_model_tokens, d.steps, p.steps
@@ -327,6 +330,11 @@ fn a_draft_model_is_planned_drafts_and_leaves_greedy_answers_as_they_are() {
             plan.kv_bytes
         );
     }
+    // a unified cache of 256 cells, the draft's context laid out alike
+    let (plain, _, _, _) = answers(None, true);
+    let (drafted, d, _, _) = answers(Some(common::model_path()), true);
+    assert!(d.draft_model_accepted > 0, "unified: nothing accepted");
+    assert_eq!(plain, drafted, "unified: the draft changed a greedy answer");
 }
 
 /// A file that is no model given as the draft is refused before anything loads, named.

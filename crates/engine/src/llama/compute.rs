@@ -296,4 +296,9 @@ impl Compute for LlamaCompute<'_> {
             None => Err("no draft model".into()),
         }
     }
+    fn draft_behind(&self, slot: i32, tokens: &[i32]) -> usize {
+        self.drafter
+            .as_ref()
+            .map_or(usize::MAX, |d| d.behind(slot, tokens))
+    }
 }

@@ -40,22 +40,42 @@ impl<'m> Drafter<'m> {
         })
     }
 
-    /// Up to `max` greedy draft tokens per ask (see [`crate::scheduler::Compute::draft`]).
+    /// Up to `max` greedy draft tokens per ask (see [`crate::scheduler::Compute::draft`]). A
+    /// context without room for the batch (a unified cache still holding finished sequences'
+    /// tokens) is emptied and the asks drafted again from nothing once.
     pub fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
-        let drafted = self.catch_up(asks).and_then(|mut d| {
-            self.extend(&mut d)?;
-            Ok(d)
-        });
-        match drafted {
-            Ok(d) => Ok(d.into_iter().map(|d| d.out).collect()),
-            Err(e) => {
-                // whatever the context holds now is unknown: start over next time
-                for (slot, k) in self.known.iter_mut().enumerate() {
-                    self.ctx.remove_seq(slot as i32);
-                    k.clear();
-                }
-                Err(e)
+        match self.try_draft(asks) {
+            Ok(d) => Ok(d),
+            Err(first) => {
+                self.clear();
+                self.try_draft(asks).map_err(|e| {
+                    self.clear();
+                    format!("{first}; again from an empty context: {e}")
+                })
             }
+        }
+    }
+
+    fn try_draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
+        let mut d = self.catch_up(asks)?;
+        self.extend(&mut d)?;
+        Ok(d.into_iter().map(|d| d.out).collect())
+    }
+
+    /// How many of `tokens` a draft for `slot` would compute first (at least its last token).
+    pub fn behind(&self, slot: i32, tokens: &[i32]) -> usize {
+        let Some(known) = self.known.get(slot as usize) else {
+            return usize::MAX;
+        };
+        let common = known.iter().zip(tokens).take_while(|(k, t)| k == t).count();
+        tokens.len() - common.min(tokens.len().saturating_sub(1))
+    }
+
+    /// Drops everything the context holds (after a failure what it holds is unknown).
+    fn clear(&mut self) {
+        for (slot, k) in self.known.iter_mut().enumerate() {
+            self.ctx.remove_seq(slot as i32);
+            k.clear();
         }
     }
 

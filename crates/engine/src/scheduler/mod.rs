@@ -100,6 +100,12 @@ pub trait Compute {
         let _ = asks;
         Err("no draft model".into())
     }
+    /// How many of `tokens` the draft model's context would have to compute before drafting
+    /// for `slot` (what drafting costs beyond the drafts themselves).
+    fn draft_behind(&self, slot: i32, tokens: &[i32]) -> usize {
+        let _ = (slot, tokens);
+        usize::MAX
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
 //! Speculative decoding by prompt lookup (n-gram drafts from the sequence's own prompt and
-//! output, as llama.cpp's `ngram-simple` and vLLM's `ngram` speculators draft), verified in the
-//! batch that decodes every other sequence.
+//! output, as llama.cpp's `ngram-simple` and vLLM's `ngram` speculators draft) and, where lookup
+//! finds nothing, by a draft model (`--draft-model`: [`super::Compute::draft`], greedy, one call
+//! per step for every sequence it drafts for; `llama/draft.rs`), verified in the batch that
+//! decodes every other sequence. Acceptance is measured per source.
 //!
 //! A decoding sequence whose last n tokens (n = 4 down to 2) occurred earlier in its tokens
 //! drafts the tokens that followed them there. Its pending token and its k drafts go into the
@@ -21,17 +23,21 @@
 //!   adapter, not without flash attention (`config.rs`); measured by the engine's reference
 //!   tests against llama.cpp (`tests/reference.rs`, `tests/adapters.rs`), which part otherwise.
 //!
-//! When it pays ([`SpecModel`]): per sequence, the measured acceptance rate of its drafts (also
-//! measured while it does not draft: the draft it would have made is compared with the token
-//! sampled; a new sequence starts from the recent steps' acceptance) sets the draft length: k drafts while the chance that all k are accepted, rate^k,
-//! is at least what one more row costs against the time per token at this batch size (the
-//! step-time line of `itl.rs`: slope · D / t(D); on a CPU a row costs ~40% of a lone token's
-//! step and nearly a whole token's share in a full batch; step times by rows, drafts included),
-//! and at least [`P_MIN`]. Per step,
-//! with D decoding sequences, drafting is used while the
-//! measured tokens per second of steps with drafts beats that of steps without at the same D
-//! (each re-measured every [`EXPLORE`] steps); llama.cpp cuts a batch whose sequences have
-//! unequal token counts into more graph evaluations, which this measures rather than models.
+//! When it pays ([`SpecModel`]): per sequence and per source, the measured acceptance rate of
+//! its drafts (for lookup also measured while it does not draft: the draft it would have made
+//! is compared with the token sampled; a new sequence starts from the recent steps' acceptance
+//! of each source) sets the draft length: k drafts while the chance that all k are accepted,
+//! rate^k, is at least what one more row costs against the time per token at this batch size
+//! (the step-time line of `itl.rs`: slope · D / t(D); on a CPU a row costs ~40% of a lone
+//! token's step and nearly a whole token's share in a full batch; step times by rows, drafts
+//! included), and at least [`P_MIN`]. Per step, with D decoding sequences, drafting is used
+//! while the measured tokens per second of steps with drafts beats that of steps without at the
+//! same D (each re-measured every [`EXPLORE`] steps; a step's time includes the draft model's
+//! calls); llama.cpp cuts a batch whose sequences have unequal token counts into more graph
+//! evaluations, which this measures rather than models. A draft model that drafts for nobody
+//! is measured again by one token every `MODEL_EXPLORE` steps, only for a sequence whose draft
+//! context lags at most `MAX_BEHIND` tokens (catching up with a long prompt costs most of a
+//! prefill through the draft), and every `MODEL_EXPLORE_ANY` steps for any sequence.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -67,6 +73,13 @@ const ALPHA: f64 = 0.1;
 const RATE_ALPHA: f64 = 0.2;
 /// Steps between re-measuring the mode not in use.
 pub(super) const EXPLORE: u64 = 32;
+/// Steps between drafts of one token by the draft model for a sequence it does not draft for
+/// (to measure it by), and the most tokens that sequence's draft context may lag behind.
+const MODEL_EXPLORE: u64 = 64;
+const MAX_BEHIND: usize = 16;
+/// Steps between such drafts for a sequence however far its draft context lags (bringing it to
+/// a prompt of 2,048 tokens costs at most ~2% of these steps with a draft of half the layers).
+const MODEL_EXPLORE_ANY: u64 = 1024;
 
 /// The tokens that followed the latest earlier occurrence of the sequence's last n tokens
 /// (longest n first), at most `max`.
@@ -112,7 +125,8 @@ enum Source {
 impl Scheduler {
     /// Sets the draft of each sequence this step decodes (those of the picked sets that are
     /// decoding, down to class `floor`: `batch.rs`), empty where it drafts nothing; a sequence
-    /// with a proposal it does not send keeps its first token as the `shadow` to measure by.
+    /// with a lookup proposal it does not send keeps its first token as the `shadow` to measure
+    /// by (the draft model's drafts are measured by drafting: `MODEL_EXPLORE`).
     /// Prompt lookup first; where it finds nothing, the draft model (one call for the step).
     pub(super) fn plan_drafts<C: Compute>(
         &mut self,
@@ -138,27 +152,40 @@ impl Scheduler {
             false => self.rows.row_share(decoding),
         }
         .map_or(P_MIN, |s| s.clamp(P_MIN, 1.0));
-        // a sequence the draft model would not draft for is asked one token now and then, to
-        // measure its acceptance by (asking costs a draft model decode)
-        let measure = self.spec.model_shadow_due();
+        // where the draft model drafts for nobody, one sequence whose draft context is nearly in
+        // step drafts one token now and then, to measure the model by (bringing a context to a
+        // long prompt costs most of a prefill through the draft model)
+        let (due, any_lag) = self.spec.model_explore_due();
+        let mut explore = drafts && due;
+        let max_behind = if any_lag { usize::MAX } else { MAX_BEHIND };
         let mut asks = Vec::new();
         for (idx, source) in proposals {
+            let behind = match (&source, explore) {
+                (Source::Model(_), true) => {
+                    let a = &self.running[idx];
+                    be.draft_behind(a.slot, &a.seq.tokens)
+                }
+                _ => usize::MAX,
+            };
             let a = &mut self.running[idx];
             let available = match &source {
                 Source::Lookup(p) => p.len(),
                 Source::Model(max) => *max,
             };
             a.seq.acceptance.by_model = matches!(source, Source::Model(_));
-            let k = if drafts {
+            let mut k = if drafts {
                 a.seq.acceptance.length(available, p_min).min(free)
             } else {
                 0
             };
+            if k == 0 && behind <= max_behind && free > 0 {
+                (k, explore) = (1, false);
+            }
             free -= k;
             match source {
                 Source::Lookup(p) if k == 0 => a.seq.acceptance.shadow = Some(p[0]),
                 Source::Lookup(p) => a.draft = p[..k].to_vec(),
-                Source::Model(_) if k > 0 || (drafts && measure) => asks.push((idx, k)),
+                Source::Model(_) if k > 0 => asks.push((idx, k)),
                 Source::Model(_) => {}
             }
         }
@@ -232,8 +259,8 @@ impl Scheduler {
         self.spec.accepted((d[0] - d[2], d[1] - d[3]), (d[2], d[3]));
     }
 
-    /// Asks the draft model for `asks` (running index, draft length; 0: one token as the
-    /// shadow) in one call, and sets their drafts.
+    /// Asks the draft model for `asks` (running index, draft length) in one call, and sets
+    /// their drafts.
     fn ask_draft_model<C: Compute>(&mut self, be: &mut C, asks: &[(usize, usize)]) {
         if asks.is_empty() {
             return;
@@ -243,7 +270,7 @@ impl Scheduler {
             .map(|&(idx, k)| DraftAsk {
                 slot: self.running[idx].slot,
                 tokens: &self.running[idx].seq.tokens,
-                max: k.max(1),
+                max: k,
             })
             .collect();
         let got = match be.draft(&calls) {
@@ -255,13 +282,8 @@ impl Scheduler {
         };
         for (&(idx, k), d) in asks.iter().zip(got) {
             let a = &mut self.running[idx];
-            match k {
-                0 => a.seq.acceptance.shadow = d.first().copied(),
-                _ => {
-                    a.draft = d.into_iter().take(k).collect();
-                    a.draft_by_model = true;
-                }
-            }
+            a.draft = d.into_iter().take(k).collect();
+            a.draft_by_model = true;
         }
     }
 }
@@ -273,7 +295,7 @@ pub(super) struct Acceptance {
     pub rate: f64,
     /// The same for the draft model's drafts.
     pub model: f64,
-    /// Whether this step's draft (or shadow) came from the draft model: which of the two
+    /// Whether this step's draft came from the draft model: which of the two
     /// averages `observe` and `length` use.
     pub by_model: bool,
     /// The first token of the draft proposed but not used this step (to be compared with the
@@ -332,7 +354,7 @@ pub(super) struct SpecModel {
     recent: Option<f64>,
     /// The same for the draft model's draft tokens.
     recent_model: Option<f64>,
-    /// Steps that asked whether the draft model's shadow is due.
+    /// Steps that asked whether a draft model exploration is due.
     model_steps: u64,
 }
 
@@ -373,11 +395,15 @@ impl SpecModel {
         }
     }
 
-    /// Whether this step asks the draft model for the shadow token of sequences it does not
-    /// draft for: every [`EXPLORE`] steps.
-    pub fn model_shadow_due(&mut self) -> bool {
+    /// Whether a sequence the draft model does not draft for may draft one token from it this
+    /// step, to measure it by (every [`MODEL_EXPLORE`] steps), and whether that sequence may
+    /// lag any number of tokens (every [`MODEL_EXPLORE_ANY`] steps) rather than `MAX_BEHIND`.
+    pub fn model_explore_due(&mut self) -> (bool, bool) {
         self.model_steps += 1;
-        self.model_steps % EXPLORE == 1
+        (
+            self.model_steps % MODEL_EXPLORE == 1,
+            self.model_steps % MODEL_EXPLORE_ANY == 1,
+        )
     }
 
     /// A new sequence's acceptance: what recent drafts achieved.

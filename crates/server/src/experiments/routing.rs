@@ -24,9 +24,10 @@ pub struct Routed {
     /// An exposure is recorded (the unit is in a running experiment and not forced... or forced, flagged).
     pub record: bool,
     pub kv_share: Option<f64>,
-    /// The priority class the request runs in (the request's own, else the experiment's, else
-    /// the route's default: `api.rs`), recorded in its exposure.
-    pub class: Class,
+    /// The experiment's own class (`service_tier`): what its requests run in unless the request
+    /// or its key says otherwise (`inference::api::classify`; the class a request runs in is
+    /// its `ValidRequest::class`, recorded in its exposure).
+    pub tier: Option<Class>,
     /// The answer's id (set by the inference API), recorded in its exposure and sample.
     pub request_id: String,
     /// The name of the key whose request it is (set by the inference API), recorded in its
@@ -75,7 +76,7 @@ impl ControlPlane {
                 forced: true,
                 record: true,
                 kv_share: e.max_kv_share,
-                class: e.service_tier.unwrap_or_default(),
+                tier: e.service_tier,
                 request_id: String::new(),
                 caller: None,
                 sampled: sampled_rules,
@@ -106,7 +107,7 @@ impl ControlPlane {
             forced: false,
             record: assigned.is_some() && !stopped,
             kv_share: e.max_kv_share,
-            class: e.service_tier.unwrap_or_default(),
+            tier: e.service_tier,
             request_id: String::new(),
             caller: None,
             // a unit outside the experiment (the control served, nothing recorded) is not sampled
@@ -116,10 +117,12 @@ impl ControlPlane {
         Ok((e, i, routed))
     }
 
-    /// Records the exposure of a routed request (committed before the response goes out).
+    /// Records the exposure of a routed request that ran in `class` (committed before the
+    /// response goes out).
     pub async fn record(
         &self,
         routed: &Routed,
+        class: Class,
         d: Option<&Completion>,
         error: Option<String>,
         answer: Option<Answer>,
@@ -140,7 +143,7 @@ impl ControlPlane {
             grammar_complete: d.and_then(|d| d.grammar.map(|g| g.complete)),
             prompt_tokens: d.map(|d| d.prompt_tokens as u64),
             cost: d.and_then(|d| d.cost),
-            service_tier: Some(routed.class),
+            service_tier: Some(class),
             request_id: Some(routed.request_id.clone()).filter(|r| !r.is_empty()),
             caller: routed.caller.as_deref().map(str::to_string),
         };

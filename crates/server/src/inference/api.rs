@@ -124,19 +124,21 @@ fn resolve(
 
 /// The request's priority class and `priority`: its own `service_tier` and `priority`, else its
 /// key's class (`--keys`), else its experiment's class, else interactive (the OpenAI routes'
-/// default); written into its routing, which its exposure records.
+/// default).
 fn classify(
     common: &Common,
     caller: Option<&Caller>,
-    routed: &mut Option<Routed>,
+    routed: Option<&Routed>,
 ) -> Result<(Class, i32), ApiError> {
-    let key_class = caller.and_then(|c| c.class);
-    let default = key_class.unwrap_or(routed.as_ref().map_or(Class::Interactive, |r| r.class));
-    let (class, priority) = placement_of(common.service_tier.as_deref(), common.priority, default)?;
-    if let Some(r) = routed {
-        r.class = class;
-    }
-    Ok((class, priority))
+    let default = caller
+        .and_then(|c| c.class)
+        .or_else(|| routed.and_then(|r| r.tier))
+        .unwrap_or_default();
+    Ok(placement_of(
+        common.service_tier.as_deref(),
+        common.priority,
+        default,
+    )?)
 }
 
 /// Gives a routed request its answer's id, its key's name and, when its unit is sampled, what
@@ -182,7 +184,7 @@ fn chat_request(
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, caller, &mut routed)?;
+    let (class, priority) = classify(&req.common, caller, routed.as_ref())?;
     let id = Kind::Chat.id();
     note_routed(
         &mut routed,
@@ -252,7 +254,7 @@ fn completion_request(
         structure: req.common.structure.clone(),
     };
     let (asked, model, model_index, mut routed) = resolve(state, &req.common, headers, asked)?;
-    let (class, priority) = classify(&req.common, caller, &mut routed)?;
+    let (class, priority) = classify(&req.common, caller, routed.as_ref())?;
     let id = Kind::Text.id();
     note_routed(
         &mut routed,

@@ -226,7 +226,7 @@ pub(crate) async fn collect_response(
         };
         recorded = state
             .experiments
-            .record(r, first, err, answer)
+            .record(r, req.class, first, err, answer)
             .await
             .is_ok();
     }

@@ -286,6 +286,7 @@ pub(crate) fn stream_response(
     let guard = RecordOnDrop {
         state: state.clone(),
         routed: req.routed.clone(),
+        class: req.class,
         seen: seen.clone(),
     };
     let tail = stream::once(finish_stream(state, req, chunker, seen, guard))
@@ -304,6 +305,7 @@ pub(crate) fn stream_response(
 struct RecordOnDrop {
     state: Arc<AppState>,
     routed: Option<crate::experiments::Routed>,
+    class: Class,
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -318,12 +320,12 @@ impl Drop for RecordOnDrop {
             s.recorded = true;
             (s.first_done.clone(), s.first_error.clone(), s.answer(&r))
         };
-        let state = self.state.clone();
+        let (state, class) = (self.state.clone(), self.class);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let _ = state
                     .experiments
-                    .record(&r, done.as_ref(), err, answer)
+                    .record(&r, class, done.as_ref(), err, answer)
                     .await;
             });
         }
@@ -355,7 +357,7 @@ async fn finish_stream(
         // failures are logged and counted by expose
         let _ = state
             .experiments
-            .record(r, done.as_ref(), err, answer)
+            .record(r, req.class, done.as_ref(), err, answer)
             .await;
     }
     if !req.include_usage {

@@ -211,6 +211,9 @@ impl Compute for Fake {
     fn has_draft_model(&self) -> bool {
         self.draft_model.is_some()
     }
+    fn draft_behind(&self, _slot: i32, _tokens: &[i32]) -> usize {
+        1
+    }
     fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<i32>>, String> {
         let wrong = self.draft_model.ok_or("no draft model")?;
         let mut out = Vec::new();
