@@ -3,6 +3,11 @@
 
 use abserve_engine::plan::{human_bytes, MemoryPlan};
 
+/// `bytes` for people and exactly, with a note: "1.2 MB (1234567 B; note)".
+fn sized(bytes: u64, note: &str) -> String {
+    format!("{} ({bytes} B{note})", human_bytes(bytes))
+}
+
 /// The plan's lines about the model and host memory, as (label, value).
 pub(crate) fn host_rows(plan: &MemoryPlan, source: String) -> Vec<(&'static str, String)> {
     let s = &plan.shape;
@@ -15,20 +20,19 @@ pub(crate) fn host_rows(plan: &MemoryPlan, source: String) -> Vec<(&'static str,
                 s.n_layer, s.n_head, s.n_head_kv, s.head_dim_k
             ),
         ),
-        (
-            "weights",
-            format!(
-                "{} ({} B)",
-                human_bytes(plan.weights_bytes),
-                plan.weights_bytes
-            ),
-        ),
+        ("weights", sized(plan.weights_bytes, "")),
         (
             "adapters",
-            format!(
-                "{} ({} B; LoRA tensors, beside the weights)",
-                human_bytes(plan.adapter_bytes),
-                plan.adapter_bytes
+            sized(plan.adapter_bytes, "; LoRA tensors, beside the weights"),
+        ),
+        (
+            "draft model",
+            sized(
+                plan.draft_weights_bytes,
+                &format!(
+                    "; --draft-model, on the host; its KV {} B per token of the kv",
+                    plan.draft_kv_bytes_per_token
+                ),
             ),
         ),
         (
@@ -37,14 +41,7 @@ pub(crate) fn host_rows(plan: &MemoryPlan, source: String) -> Vec<(&'static str,
         ),
         ("compute buffers", human_bytes(plan.compute_bytes)),
         ("prefix store", human_bytes(plan.prefix_store_bytes)),
-        (
-            "budget",
-            format!(
-                "{} ({} B)",
-                human_bytes(plan.budget_bytes),
-                plan.budget_bytes
-            ),
-        ),
+        ("budget", sized(plan.budget_bytes, "")),
         ("margin", human_bytes(plan.margin_bytes)),
         ("usable", human_bytes(plan.usable_bytes)),
         (

@@ -401,8 +401,9 @@ impl MemoryPlan {
                     self.flash_attention,
                 ),
             ),
+            // a draft model's weights are held beside the model's
             None => (
-                self.weights_bytes,
+                self.weights_bytes + self.draft_weights_bytes,
                 self.kv_bytes_per_token,
                 self.compute_bytes,
             ),

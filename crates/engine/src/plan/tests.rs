@@ -1,4 +1,4 @@
-//! The plan's arithmetic on the default model's shape.
+//! The plan's arithmetic on a 70B-class shape (80 layers, 8 KV heads).
 
 use super::*;
 
@@ -125,4 +125,45 @@ fn split_streams_give_every_slot_a_fixed_padded_stream() {
     let p = small(150 << 20, 8192, 4);
     assert!(!p.fits);
     assert!(p.check_fits().is_err());
+}
+
+#[test]
+fn a_draft_model_takes_its_weights_kv_and_compute_from_the_same_budget() {
+    let total = 64u64 << 30;
+    let plain = MemoryPlan::new(&req(40 << 30, total));
+    // a draft of 8 of the 80 layers: a tenth of the KV per token, its own weights and compute
+    let draft = DraftRequest {
+        weights_bytes: 4 << 30,
+        shape: ModelShape {
+            n_layer: 8,
+            ..shape()
+        },
+    };
+    let with = MemoryPlan::new(&PlanRequest {
+        draft: Some(draft),
+        ..req(40 << 30, total)
+    });
+    assert_eq!(with.draft_weights_bytes, 4 << 30);
+    assert_eq!(with.draft_kv_bytes_per_token * 10, plain.kv_bytes_per_token);
+    assert_eq!(
+        with.kv_bytes_per_token,
+        plain.kv_bytes_per_token + with.draft_kv_bytes_per_token
+    );
+    assert!(with.compute_bytes > plain.compute_bytes);
+    assert!(
+        with.kv_cells < plain.kv_cells,
+        "the draft leaves fewer cells"
+    );
+    assert!(with.planned_bytes <= with.usable_bytes && with.fits);
+    // one that does not fit counts the draft's weights in what it needed
+    let tight = MemoryPlan::new(&PlanRequest {
+        draft: Some(DraftRequest {
+            weights_bytes: 20 << 30,
+            ..draft
+        }),
+        ..req(40 << 30, total)
+    });
+    let e = tight.check_fits().unwrap_err();
+    assert_eq!(e.weights, 60 << 30);
+    assert!(e.need > e.usable);
 }
