@@ -64,11 +64,19 @@ impl<'m> Drafter<'m> {
 
     /// How many of `tokens` a draft for `slot` would compute first (at least its last token).
     pub fn behind(&self, slot: i32, tokens: &[i32]) -> usize {
-        let Some(known) = self.known.get(slot as usize) else {
-            return usize::MAX;
-        };
+        match self.known.get(slot as usize) {
+            Some(_) => tokens.len() - self.common(slot as usize, tokens),
+            None => usize::MAX,
+        }
+    }
+
+    /// How many of `tokens` the context holds for `slot` and keeps: their longest common prefix
+    /// with what it holds, short of the last token (decoded again when held: its logits give
+    /// the first draft). `slot` is one of the context's.
+    fn common(&self, slot: usize, tokens: &[i32]) -> usize {
+        let known = &self.known[slot];
         let common = known.iter().zip(tokens).take_while(|(k, t)| k == t).count();
-        tokens.len() - common.min(tokens.len().saturating_sub(1))
+        common.min(tokens.len().saturating_sub(1))
     }
 
     /// Drops everything the context holds (after a failure what it holds is unknown).
@@ -92,13 +100,9 @@ impl<'m> Drafter<'m> {
                     tokens.len()
                 ));
             }
-            let known = &mut self.known[slot];
-            // the last token is decoded again when the context holds it already: its logits
-            // give the first draft
-            let common = known.iter().zip(tokens).take_while(|(k, t)| k == t).count();
-            let common = common.min(tokens.len() - 1);
+            let common = self.common(slot, tokens);
             self.ctx.truncate_seq(a.slot, common);
-            known.truncate(common);
+            self.known[slot].truncate(common);
             todo.push((a, common));
         }
         let cap = self.ctx.batch_capacity();

@@ -430,7 +430,6 @@ impl Scheduler {
                     n_past: len,
                     cells,
                     draft: Vec::new(),
-                    draft_by_model: false,
                 });
             }
         }
@@ -448,7 +447,6 @@ impl Scheduler {
                 n_past: 0,
                 cells: Vec::new(),
                 draft: Vec::new(),
-                draft_by_model: false,
             });
         };
         self.give_prefix(be, s, slot, source, len)
@@ -512,7 +510,6 @@ impl Scheduler {
             n_past: len,
             cells,
             draft: Vec::new(),
-            draft_by_model: false,
         })
     }
 
@@ -544,7 +541,6 @@ impl Scheduler {
                 n_past: len,
                 cells: self.cells.alloc_n(len),
                 draft: Vec::new(),
-                draft_by_model: false,
             });
         }
         be.remove_seq(slot);
@@ -554,7 +550,6 @@ impl Scheduler {
             n_past: 0,
             cells: Vec::new(),
             draft: Vec::new(),
-            draft_by_model: false,
         })
     }
 }

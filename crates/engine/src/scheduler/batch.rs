@@ -112,14 +112,13 @@ impl Scheduler {
                 let (e, accepted) = sample::verify(&mut a.seq, &a.draft, be, bi, ff, &self.stats);
                 end = e;
                 keep = start + p.n - p.draft + accepted;
-                if a.draft_by_model {
+                if a.seq.acceptance.by_model {
                     EngineStats::add(&self.stats.draft_model_tokens, p.draft);
                     EngineStats::add(&self.stats.draft_model_accepted, accepted);
                 }
             }
         }
         a.draft.clear();
-        a.draft_by_model = false;
         let keep = keep.min(a.seq.tokens.len());
         if a.n_past > keep {
             // rejected drafts, or a stop string inside forced tokens: the KV past it goes

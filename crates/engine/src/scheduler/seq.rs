@@ -115,8 +115,6 @@ pub(super) struct Active {
     /// Draft tokens to verify after the pending one in this step (`speculate.rs`); empty
     /// outside a step that drafts for it.
     pub draft: Vec<i32>,
-    /// Whether this step's draft came from the draft model (else from prompt lookup).
-    pub draft_by_model: bool,
 }
 
 impl Active {

@@ -283,7 +283,6 @@ impl Scheduler {
         for (&(idx, k), d) in asks.iter().zip(got) {
             let a = &mut self.running[idx];
             a.draft = d.into_iter().take(k).collect();
-            a.draft_by_model = true;
         }
     }
 }

@@ -51,6 +51,15 @@ fn markov(f: Fake, every: usize) -> Fake {
     }
 }
 
+/// Four slots of 256 cells each (`unified`: one 1,024-cell cache shared by them): the
+/// scheduler's configuration and a fake model laid out the same.
+fn layout(unified: bool) -> (SchedulerConfig, Fake) {
+    match unified {
+        false => (SchedulerConfig::split(4, 256, 256), Fake::split(4, 256)),
+        true => (SchedulerConfig::new(1024, 4, 256), Fake::new(1024)),
+    }
+}
+
 fn prompts() -> Vec<Vec<i32>> {
     (0..4).map(|i| prompt(i, 24 + 8 * i as usize)).collect()
 }
@@ -58,17 +67,11 @@ fn prompts() -> Vec<Vec<i32>> {
 #[test]
 fn greedy_output_is_identical_with_drafts_and_takes_fewer_steps() {
     for unified in [false, true] {
-        let cfg = || match unified {
-            false => SchedulerConfig::split(4, 256, 256),
-            true => SchedulerConfig::new(1024, 4, 256),
-        };
-        let fake = || match unified {
-            false => markov(Fake::split(4, 256), 7),
-            true => markov(Fake::new(1024), 7),
-        };
+        let fake = || markov(layout(unified).1, 7);
         let params = SamplingParams::greedy(160);
-        let (plain, plain_steps, p) = run_spec(cfg(), fake(), false, &prompts(), &params);
-        let (drafted, steps, d) = run_spec(cfg(), fake(), true, &prompts(), &params);
+        let (plain, plain_steps, p) =
+            run_spec(layout(unified).0, fake(), false, &prompts(), &params);
+        let (drafted, steps, d) = run_spec(layout(unified).0, fake(), true, &prompts(), &params);
         assert_eq!(
             plain, drafted,
             "drafts changed the output (unified: {unified})"
@@ -93,19 +96,10 @@ fn a_draft_model_drafts_where_lookup_finds_nothing_and_leaves_the_output_as_it_i
     // the plain fake's output never repeats a 4-gram (prompt lookup finds little); its draft
     // model is right except every 4th token
     for unified in [false, true] {
-        let cfg = || match unified {
-            false => SchedulerConfig::split(4, 256, 256),
-            true => SchedulerConfig::new(1024, 4, 256),
-        };
-        let fake = |model| {
-            let f = match unified {
-                false => Fake::split(4, 256),
-                true => Fake::new(1024),
-            };
-            Fake {
-                draft_model: model,
-                ..f
-            }
+        let cfg = || layout(unified).0;
+        let fake = |model| Fake {
+            draft_model: model,
+            ..layout(unified).1
         };
         let params = SamplingParams::greedy(120);
         let (plain, plain_steps, _) = run_spec(cfg(), fake(None), false, &prompts(), &params);
