@@ -106,10 +106,16 @@ fn assert_complete(out: &Path, rows: usize, variants: &[&str]) -> Value {
     summary
 }
 
+/// Rows of the example's questions the end-to-end test asks; 3 give every property it checks (the
+/// judge on each row, comparisons per scorer, the report's rows) at half the model time of 6.
+const ROWS: usize = 3;
+/// The judge compares each of the 3 other variants with control on every row.
+const JUDGED: usize = 3 * ROWS;
+
 #[test]
 fn example_experiment_in_process_and_against_a_server() {
     let dir = tmp("e2e");
-    let data = example_rows(&dir, 6);
+    let data = example_rows(&dir, ROWS);
     let example = root()
         .join("examples/support-eval.toml")
         .display()
@@ -129,12 +135,12 @@ fn example_experiment_in_process_and_against_a_server() {
     let o = eval(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     drop(turn);
-    let s = assert_complete(&out, 6, &variants);
+    let s = assert_complete(&out, ROWS, &variants);
     assert_eq!(s["concurrency_source"], "memory plan");
     assert!(s["peak_memory_bytes"].as_u64().unwrap() > 50_000_000);
     // the judge compared each of the 3 other variants with control on every row
     let judged = jsonl(&out.join("judgments.jsonl"));
-    assert_eq!(judged.len(), 18);
+    assert_eq!(judged.len(), JUDGED);
     assert!(
         judged.iter().all(|j| j["verdict"].is_string()),
         "{judged:?}"
@@ -156,7 +162,7 @@ fn example_experiment_in_process_and_against_a_server() {
         .iter()
         .filter(|j| j["verdict"] != "inconsistent")
         .count();
-    assert_eq!(agree, consistent as f64 / 18.0);
+    assert_eq!(agree, consistent as f64 / JUDGED as f64);
     // paired comparisons: 3 variants × 5 scorers
     assert_eq!(s["comparisons"].as_array().unwrap().len(), 15);
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -164,7 +170,7 @@ fn example_experiment_in_process_and_against_a_server() {
         stdout.contains("terse (control)") && stdout.contains("states_fact"),
         "{stdout}"
     );
-    check_report_in_chromium(&out.join("report.html"), 6, true);
+    check_report_in_chromium(&out.join("report.html"), ROWS, true);
 
     let server = Server::start(&[]);
     let out = dir.join("server");
@@ -178,7 +184,7 @@ fn example_experiment_in_process_and_against_a_server() {
         server.url("/v1"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = assert_complete(&out, 6, &variants);
+    let s = assert_complete(&out, ROWS, &variants);
     assert!(
         s["concurrency_source"]
             .as_str()
@@ -188,7 +194,7 @@ fn example_experiment_in_process_and_against_a_server() {
         s["concurrency_source"]
     );
     assert!(s["target"].as_str().unwrap().contains("model 'smol'"));
-    assert_eq!(jsonl(&out.join("judgments.jsonl")).len(), 18);
+    assert_eq!(jsonl(&out.join("judgments.jsonl")).len(), JUDGED);
 }
 
 /// Opens the report in headless Chromium and checks the rendered page: its charts, every input

@@ -272,11 +272,14 @@ fn pairs(rs: &[Value]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn eval_over_amqp_survives_a_worker_killed_with_sigkill() {
+    // 24 rows × 3 variants: the kill after 15 results comes with most of the jobs still to do
+    const ROWS: usize = 24;
+    const JOBS: usize = 3 * ROWS;
     let _turn = exclusive();
     let dir = tmp("kill9");
     let queue = queue_name("kill9");
     let (_conn, ch) = channel().await;
-    let eval = start_eval(&dir, &queue, &dataset(&dir, 40, false));
+    let eval = start_eval(&dir, &queue, &dataset(&dir, ROWS, false));
     let mut first = worker(&queue, &[]);
     let _second = worker(&queue, &[]);
     // kill the first worker mid-run, with jobs in hand
@@ -288,7 +291,10 @@ async fn eval_over_amqp_survives_a_worker_killed_with_sigkill() {
     let before = results(&dir).len();
     first.child.kill().unwrap(); // SIGKILL
     first.child.wait().unwrap();
-    assert!(before < 120, "the kill came mid-run ({before} of 120 done)");
+    assert!(
+        before < JOBS,
+        "the kill came mid-run ({before} of {JOBS} done)"
+    );
     let (code, out) = wait_eval(eval, Duration::from_secs(600)).await;
     assert_eq!(code, 0, "{out}");
     let rs = results(&dir);
@@ -296,10 +302,10 @@ async fn eval_over_amqp_survives_a_worker_killed_with_sigkill() {
     let unique: BTreeSet<_> = all.iter().cloned().collect();
     assert_eq!(
         all.len(),
-        120,
+        JOBS,
         "every row × variant exactly once in results.jsonl"
     );
-    assert_eq!(unique.len(), 120);
+    assert_eq!(unique.len(), JOBS);
     assert!(
         rs.iter()
             .all(|r| r["error"].is_null() && r["output"].is_string()),
@@ -313,7 +319,7 @@ async fn eval_over_amqp_survives_a_worker_killed_with_sigkill() {
             .as_array()
             .unwrap()
             .iter()
-            .all(|v| v["answered"] == 40),
+            .all(|v| v["answered"] == ROWS),
         "{summary}"
     );
     assert!(dir.join("out/report.html").exists());
@@ -482,9 +488,10 @@ async fn a_worker_of_4_slots_never_holds_more_than_4_jobs() {
     let dir = tmp("pressure");
     let queue = queue_name("pressure");
     let (conn, ch) = channel().await;
-    // 200 jobs queued before any worker runs (67 rows × 3 variants = 201)
-    let eval = start_eval(&dir, &queue, &dataset(&dir, 67, false));
-    wait_queued(&conn, &queue, 200).await;
+    // 90 jobs queued before any worker runs (30 rows × 3 variants): far more than 4 slots and
+    // the 20 waiting the check below asks the queue to hold
+    let eval = start_eval(&dir, &queue, &dataset(&dir, 30, false));
+    wait_queued(&conn, &queue, 90).await;
     let w = worker(&queue, &["--max-sequences", "4"]);
     let pid = w.child.id();
     let (mut most_unacked, mut most_rss, mut samples, mut backlog_seen) = (0, 0u64, 0, false);
@@ -525,6 +532,6 @@ async fn a_worker_of_4_slots_never_holds_more_than_4_jobs() {
         most_rss as f64 <= planned as f64 * 1.1,
         "RSS {most_rss} above plan {planned} + 10%"
     );
-    assert_eq!(results(&dir).len(), 201);
+    assert_eq!(results(&dir).len(), 90);
     delete_queues(&ch, &queue).await;
 }
