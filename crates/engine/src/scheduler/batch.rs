@@ -39,7 +39,7 @@ impl Scheduler {
                 if a.phase() != phase
                     || pick[lane] != Some(a.seq.adapters)
                     || cap[lane] == 0
-                    || floor.is_some_and(|c| a.seq.class > c)
+                    || a.sits_out(floor)
                 {
                     continue;
                 }

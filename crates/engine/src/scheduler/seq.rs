@@ -118,6 +118,14 @@ pub(super) struct Active {
 }
 
 impl Active {
+    /// Whether it skips a step that computes a first token of class `floor`
+    /// (`Scheduler::first_token_class`): a less urgent sequence, or one of that class that has
+    /// its first token already.
+    pub fn sits_out(&self, floor: Option<Class>) -> bool {
+        floor.is_some_and(|c| {
+            self.seq.class > c || (self.seq.class == c && self.seq.first_token.is_some())
+        })
+    }
     pub fn pending(&self) -> usize {
         self.seq.tokens.len() - self.n_past
     }

@@ -209,7 +209,7 @@ impl Scheduler {
             // decoding: one position (the last sampled token) to compute
             if a.pending() != 1
                 || pick[lanes.lane_of(a.slot)] != Some(a.seq.adapters)
-                || floor.is_some_and(|c| a.seq.class > c)
+                || a.sits_out(floor)
             {
                 continue;
             }

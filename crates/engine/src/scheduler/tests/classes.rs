@@ -329,3 +329,42 @@ fn a_step_that_computes_a_live_first_token_leaves_less_urgent_work_for_the_next(
     run(&mut s, &mut f);
     assert_eq!(class_preemptions(&s, Class::Batch), 0);
 }
+
+#[test]
+fn a_live_first_token_step_leaves_out_live_requests_already_answering() {
+    let mut s = split_store(4, 96, 0);
+    let mut f = Fake::split(4, 96);
+    let batch: Vec<Vec<i32>> = (0..2).map(|i| prompt(70 + i, 20)).collect();
+    let mut brx = start_batch(&mut s, &mut f, &batch, 30, 3);
+    let mut first = submit_as(&mut s, prompt(72, 12), 20, Class::Interactive, 0);
+    for _ in 0..3 {
+        s.step(&mut f);
+    }
+    let mut answered = new_tokens(&mut first);
+    assert!(answered > 0, "the first live request answers");
+    for rx in brx.iter_mut() {
+        new_tokens(rx);
+    }
+    let mut second = submit_as(&mut s, prompt(73, 12), 5, Class::Interactive, 0);
+    s.step(&mut f);
+    assert_eq!(s.n_running(), 4, "a free slot: nothing preempted");
+    assert_eq!(
+        new_tokens(&mut second),
+        1,
+        "the second live request's first token"
+    );
+    assert_eq!(
+        new_tokens(&mut first),
+        0,
+        "the answering live request skipped that step"
+    );
+    for rx in brx.iter_mut() {
+        assert_eq!(new_tokens(rx), 0, "batch work skipped that step");
+    }
+    s.step(&mut f);
+    assert_eq!(new_tokens(&mut first), 1, "and decodes again from the next");
+    assert_eq!(new_tokens(&mut second), 1);
+    answered += 1;
+    run(&mut s, &mut f);
+    assert_eq!(answered + new_tokens(&mut first), 20, "its whole answer");
+}
