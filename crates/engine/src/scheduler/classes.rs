@@ -170,9 +170,9 @@ impl Scheduler {
     /// The most urgent class of the sequences picked to decode (`pick[lane]`, as in
     /// `build_batch`) that still await their first token, when a less urgent picked sequence
     /// runs beside them: this step decodes only the sequences of that class still awaiting
-    /// their first token and those of more urgent classes ([`Active::sits_out`]), so a live request's
-    /// first token waits neither on a full batch of less urgent work nor on the decode rows of
-    /// live requests already answering (those skip one step, keeping their slots and KV).
+    /// their first token and those of more urgent classes ([`Active::sits_out`]), so a live
+    /// request's first token waits neither on a full batch of less urgent work nor on the decode
+    /// rows of live requests already answering (those skip one step, keeping their slots and KV).
     pub(super) fn first_token_class(&self, pick: &[Option<u32>]) -> Option<Class> {
         let picked = |a: &&Active| pick[self.lanes.lane_of(a.slot)] == Some(a.seq.adapters);
         let urgent = self
